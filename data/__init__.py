@@ -1,0 +1,1 @@
+"""Generate: run the target over prompt sets and store its outputs."""

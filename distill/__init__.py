@@ -1,0 +1,1 @@
+"""Distill: KL-family losses, draft initialisation and the accelerate training loop."""

