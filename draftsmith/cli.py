@@ -101,7 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="key=value",
             help="override config fields, e.g. distill.lr=3e-4 evaluate.k_sweep=[2,4]",
         )
-        p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+        p.add_argument(
+            "--debug",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="show tracebacks for errors",
+        )
 
     models = sub.add_parser(
         "models",

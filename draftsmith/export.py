@@ -1,0 +1,207 @@
+"""Export: the chosen draft as a clean HF model dir, a vLLM speculative config and a model card.
+
+Reads `<output_dir>/eval/leaderboard.json` (written by evaluate) and writes
+`<output_dir>/export/` (or `export.output_dir`) atomically: the directory
+appears complete or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+from pathlib import Path
+
+from draftsmith.config import Config
+from draftsmith.errors import DraftsmithError
+from draftsmith.io import atomic_dir, atomic_write_json
+
+# What a serving stack needs from a checkpoint dir; train state stays behind.
+MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
+
+
+def export_dir(cfg: Config) -> Path:
+    return Path(cfg.export.output_dir) if cfg.export.output_dir else cfg.output_dir / "export"
+
+
+def read_leaderboard(cfg: Config) -> dict:
+    path = cfg.output_dir / "eval" / "leaderboard.json"
+    if not path.is_file():
+        raise DraftsmithError(f"{path}: no leaderboard yet; run `draftsmith evaluate CONFIG` first")
+    board = json.loads(path.read_text())
+    if not board.get("rows"):
+        raise DraftsmithError(f"{path}: the leaderboard has no rows")
+    return board
+
+
+def choose_row(board: dict, checkpoint: str | None) -> dict:
+    """The row named by export.checkpoint, else the leaderboard's best."""
+    wanted = checkpoint or board["best"]
+    for row in board["rows"]:
+        if row["checkpoint"] == wanted:
+            return row
+    names = ", ".join(r["checkpoint"] for r in board["rows"])
+    raise DraftsmithError(
+        f"export.checkpoint: {wanted!r} is not on the leaderboard (have: {names})"
+    )
+
+
+def copy_model_files(src: Path, dest: Path) -> list[str]:
+    if not (src / "config.json").is_file():
+        raise DraftsmithError(f"export.checkpoint: {src} is not a model directory (no config.json)")
+    copied = []
+    for name in MODEL_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dest / name)
+            copied.append(name)
+    for shard in sorted(src.glob("model-*.safetensors")):
+        shutil.copy2(shard, dest / shard.name)
+        copied.append(shard.name)
+    return copied
+
+
+def speculative_config(model_dir: Path, k: int) -> dict:
+    return {"method": "draft_model", "model": str(model_dir.resolve()), "num_speculative_tokens": k}
+
+
+def _fmt(x, digits: int = 3) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def _data_summary(cfg: Config) -> str:
+    meta_path = cfg.output_dir / "data" / "meta.json"
+    if not meta_path.is_file():
+        return "- (no data/meta.json found)"
+    meta = json.loads(meta_path.read_text())
+    sources = ", ".join(s.builtin or s.path or s.hub or "?" for s in cfg.data.sources)
+    keys = (
+        "num_prompts",
+        "num_completions",
+        "num_completion_tokens",
+        "num_eval_prompts",
+        "num_skipped",
+    )
+    facts = ", ".join(f"{k.replace('num_', '')}: {meta[k]}" for k in keys if k in meta)
+    return f"- prompt sources: {sources}\n- {facts}"
+
+
+def model_card(cfg: Config, board: dict, row: dict, k: int, out: Path) -> str:
+    spec = json.dumps(speculative_config(out, k))
+    target = board.get("target", cfg.target.model)
+    init = cfg.draft.init + (
+        f" ({cfg.draft.num_layers} layers, {cfg.draft.layer_selection})"
+        if cfg.draft.init == "from_target"
+        else ""
+    )
+    cats = "\n".join(
+        f"| {c} | {_fmt(v.get('acceptance_rate'))} | {_fmt(v.get('mean_accepted_length'), 2)} | "
+        f"{v.get('num_prompts', '')} |"
+        for c, v in sorted(row.get("per_category", {}).items())
+    )
+    positions = ", ".join(_fmt(p, 2) for p in row.get("per_position_acceptance", []))
+    sweep = "\n".join(
+        f"| {s['k']} | {_fmt(s.get('acceptance_rate'))} | {_fmt(s.get('mean_accepted_length'), 2)} | "
+        f"{_fmt(s.get('speedup'), 2)} | {_fmt(s.get('modelled_speedup'), 2)} |"
+        for s in board.get("k_sweep", [])
+    )
+    lossless = row.get("lossless_match_rate")
+    return f"""# Draft model for {target}
+
+A draft for speculative decoding, distilled and verified by draftsmith. The target
+verifies every drafted token, so outputs are exactly the target's own; the draft only
+changes speed.
+
+## Draft
+- checkpoint: `{row["checkpoint"]}` (step {row.get("step")}), chosen by `{board.get("select_metric")}`
+- initialisation: {init}
+- loss: {cfg.distill.loss} (teacher: {cfg.distill.teacher}, temperature {cfg.distill.temperature}), {cfg.distill.max_steps} steps, batch {cfg.distill.batch_size} x {cfg.distill.grad_accum_steps} accumulation, lr {cfg.distill.lr}
+
+## Data
+{_data_summary(cfg)}
+
+## Measured (held-out prompts, real speculative decoding)
+Measured on: {board.get("hardware", platform.platform())}, {row.get("num_prompts")} prompts,
+k = {row.get("num_speculative_tokens")}, temperature {row.get("temperature")}.
+
+| metric | value |
+|---|---|
+| acceptance rate | {_fmt(row.get("acceptance_rate"))} |
+| mean accepted length (tokens per target forward) | {_fmt(row.get("mean_accepted_length"), 2)} |
+| measured speedup over target-only decoding | {_fmt(row.get("speedup"), 2)}x |
+| modelled speedup | {_fmt(row.get("modelled_speedup"), 2)}x |
+| draft cost ratio (draft forward / target forward) | {_fmt(row.get("draft_cost_ratio"))} |
+| lossless check (greedy output == target's own) | {_fmt(lossless)} {"(pass)" if lossless == 1.0 else "(FAIL)"} |
+
+Per-position acceptance (given the position was reached): {positions}
+
+| category | acceptance rate | mean accepted length | prompts |
+|---|---|---|---|
+{cats}
+
+### k sweep (recommended k = {k})
+| k | acceptance rate | mean accepted length | measured speedup | modelled speedup |
+|---|---|---|---|---|
+{sweep}
+
+## Use it
+vLLM:
+```
+vllm serve {target} --speculative-config '{spec}'
+```
+transformers:
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+target = AutoModelForCausalLM.from_pretrained("{target}")
+draft = AutoModelForCausalLM.from_pretrained("{out.resolve()}")
+tok = AutoTokenizer.from_pretrained("{out.resolve()}")
+inputs = tok("Hello", return_tensors="pt")
+out = target.generate(**inputs, assistant_model=draft, num_assistant_tokens={k}, do_sample=False)
+```
+"""
+
+
+def _log_artifact(cfg: Config, out: Path, row: dict) -> None:
+    from draftsmith.tracking import wandb_run
+
+    with wandb_run(cfg, "export") as run:
+        if run is None:
+            return
+        import wandb
+
+        meta = {k: v for k, v in row.items() if isinstance(v, (int, float, str, list, dict))}
+        art = wandb.Artifact(name=f"draft-{cfg.output_dir.name}", type="model", metadata=meta)
+        art.add_dir(str(out))
+        run.log_artifact(art)
+
+
+def run_export(cfg: Config) -> Path:
+    out = export_dir(cfg)
+    if out.exists() and not cfg.export.overwrite:
+        raise DraftsmithError(f"{out}: export dir exists; set export.overwrite=true to replace it")
+    board = read_leaderboard(cfg)
+    row = choose_row(board, cfg.export.checkpoint)
+    k = int(
+        board.get("recommended_k")
+        or row.get("num_speculative_tokens")
+        or cfg.evaluate.num_speculative_tokens
+    )
+    with atomic_dir(out, overwrite=cfg.export.overwrite) as tmp:
+        copy_model_files(Path(row["path"]), tmp)
+        atomic_write_json(tmp / "speculative_config.json", speculative_config(out, k))
+        atomic_write_json(tmp / "leaderboard_row.json", row)
+        (tmp / "README.md").write_text(model_card(cfg, board, row, k, out))
+    _log_artifact(cfg, out, row)
+    print(f"exported {row['checkpoint']} to {out} (recommended k={k})")
+    return out

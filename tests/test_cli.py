@@ -1,0 +1,69 @@
+"""The CLI: every command has help saying what it does and where it writes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from draftsmith.cli import main
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "draftsmith.cli", *args], capture_output=True, text=True
+    )
+
+
+@pytest.mark.parametrize(
+    "command, writes",
+    [
+        ("generate", "<output_dir>/data/"),
+        ("distill", "<output_dir>/checkpoints/checkpoint-<step>/"),
+        ("evaluate", "<output_dir>/eval/leaderboard"),
+        ("export", "<output_dir>/export/"),
+        ("run", "<output_dir>/"),
+    ],
+)
+def test_stage_help_says_what_and_where(command, writes, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([command, "--help"])
+    assert info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert writes in out
+    assert "key=value" in out
+
+
+def test_models_help_and_list(capsys):
+    with pytest.raises(SystemExit):
+        main(["models", "pull", "--help"])
+    assert "$DRAFTSMITH_HOME" in " ".join(capsys.readouterr().out.split())
+    assert main(["models", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "smollm2-135m-instruct" in out and "tiny-random-llama" in out
+
+
+def test_unknown_registry_model_is_one_line_exit_1():
+    proc = run_cli("models", "pull", "no-such-model")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "draftsmith: error: no-such-model: not a registry model (known: smollm2-135m-instruct, "
+        "tiny-random-llama)"
+    ]
+
+
+def test_resolved_config_is_saved_before_the_stage(tmp_path, tiny_config_path, monkeypatch):
+    """Every stage writes <output_dir>/config.yaml first, with overrides applied."""
+    import draftsmith.cli as cli
+    from draftsmith.config import load_config
+
+    seen = {}
+    monkeypatch.setattr(cli, "_stage_function", lambda name: lambda cfg: seen.setdefault(name, cfg))
+    out = tmp_path / "run"
+    assert (
+        cli.main(["distill", str(tiny_config_path), f"run.output_dir={out}", "distill.lr=0.25"])
+        == 0
+    )
+    saved = load_config(out / "config.yaml")
+    assert saved.distill.lr == 0.25 and saved == seen["distill"]

@@ -1,0 +1,133 @@
+"""Model registry, pulling, loading helpers and the tokenizer compatibility check."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftsmith import models
+from draftsmith.errors import DraftsmithError
+
+
+def test_tiny_pull_is_idempotent(tiny_model_dir):
+    stamp = (tiny_model_dir / "model.safetensors").stat().st_mtime_ns
+    assert models.pull("tiny-random-llama") == tiny_model_dir
+    assert (tiny_model_dir / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_interrupted_pull_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
+
+    def half_build(dest):
+        (dest / "config.json").write_text("{}")
+        raise KeyboardInterrupt  # the user hits ctrl-c mid-write
+
+    entry = models.RegistryEntry("broken", "test", half_build)
+    monkeypatch.setitem(models.REGISTRY, "broken", entry)
+    with pytest.raises(KeyboardInterrupt):
+        models.pull("broken")
+    assert list((tmp_path / "models").iterdir()) == []
+
+
+def test_load_model_and_tokenizer(tiny_model_dir):
+    model = models.load_model("tiny-random-llama", device=torch.device("cpu"), dtype=torch.float32)
+    tok = models.load_tokenizer("tiny-random-llama")
+    assert not model.training
+    ids = tok("hello", return_tensors="pt").input_ids
+    assert model(ids).logits.shape == (1, ids.shape[1], len(tok))
+
+
+def test_missing_model_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(DraftsmithError, match="target.model: model directory ./nope not found"):
+        models.resolve_model("./nope", key="target.model")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DraftsmithError, match="not a model directory"):
+        models.resolve_model(str(tmp_path / "empty"))
+
+
+def test_pick_device_and_dtype():
+    cpu = torch.device("cpu")
+    assert models.pick_dtype("auto", cpu) == torch.float32
+    assert models.pick_dtype("bfloat16", cpu) == torch.bfloat16
+    if not torch.cuda.is_available():
+        assert models.pick_device("auto") == cpu
+        with pytest.raises(DraftsmithError, match="run.device"):
+            models.pick_device("cuda")
+
+
+def _shuffled_byte_tokenizer():
+    """Same tokens as the byte tokenizer, two ids swapped: a different vocabulary."""
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as tmodels
+    from transformers import PreTrainedTokenizerFast
+
+    base = models.build_byte_tokenizer()
+    vocab = dict(base.get_vocab())
+    a, b = "a", "b"
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    core = Tokenizer(tmodels.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>")
+
+
+def test_tokenizer_check_accepts_same_vocab_and_padding_rows():
+    tok = models.build_byte_tokenizer()
+    assert (
+        models.check_tokenizers_compatible(
+            tok, models.build_byte_tokenizer(), "t", "d", draft_vocab_rows=len(tok) + 61
+        )
+        == []
+    )
+
+
+def test_tokenizer_check_names_models_and_first_differences():
+    with pytest.raises(DraftsmithError) as info:
+        models.check_tokenizers_compatible(
+            models.build_byte_tokenizer(), _shuffled_byte_tokenizer(), "my-target", "my-draft"
+        )
+    msg = str(info.value)
+    assert "my-target" in msg and "my-draft" in msg
+    assert "'a'" in msg and "'b'" in msg
+
+
+def test_tokenizer_check_rejects_too_few_embedding_rows():
+    tok = models.build_byte_tokenizer()
+    with pytest.raises(DraftsmithError, match="embedding rows"):
+        models.check_tokenizers_compatible(tok, tok, "t", "d", draft_vocab_rows=len(tok) - 1)
+
+
+def test_special_token_differences_are_noted_not_fatal():
+    t, d = models.build_byte_tokenizer(), models.build_byte_tokenizer()
+    d.pad_token = "<|im_start|>"
+    notes = models.check_tokenizers_compatible(t, d, "t", "d")
+    assert notes == ["pad_token differs: target '<|endoftext|>', draft '<|im_start|>'"]
+
+
+@pytest.mark.slow
+def test_smollm2_pull_matches_gguf_and_chats(tmp_path, monkeypatch):
+    """The saved safetensors model generates exactly the GGUF-loaded model's greedy tokens."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path / "home"))
+    path = models.pull("smollm2-135m-instruct")
+    assert (path / "model.safetensors").is_file()
+    assert not [p for p in path.parent.iterdir() if p.name != path.name]  # no temp leftovers
+
+    gguf = models._download_smollm2_gguf(tmp_path)
+    ref = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    saved = AutoModelForCausalLM.from_pretrained(path)  # plain load, no draftsmith helpers
+    tok = AutoTokenizer.from_pretrained(path)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
+    args = dict(max_new_tokens=24, do_sample=False)
+    out_ref = ref.generate(**prompt, **args)
+    out_saved = saved.generate(**prompt, **args)
+    assert torch.equal(out_ref, out_saved)
+    text = tok.decode(out_saved[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert "Paris" in text
