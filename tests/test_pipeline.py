@@ -1,0 +1,106 @@
+"""`draftsmith run configs/tiny.yaml` end to end, then export's own checks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from draftsmith.config import load_config
+from draftsmith.errors import DraftsmithError
+from draftsmith.export import run_export
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def draftsmith(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "draftsmith.cli", *args], capture_output=True,
+                          text=True, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pipeline") / "run"
+    proc = draftsmith("run", "configs/tiny.yaml", f"run.output_dir={out}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_run_writes_every_artifact(tiny_run):
+    cfg = load_config(tiny_run / "config.yaml")
+    assert cfg.run.output_dir == str(tiny_run)
+    assert (tiny_run / "data" / "dataset").is_dir() and (tiny_run / "data" / "meta.json").is_file()
+    steps = sorted(int(p.name.split("-")[1]) for p in (tiny_run / "checkpoints").glob("checkpoint-*"))
+    assert steps[0] == 0 and steps[-1] == cfg.distill.max_steps
+
+    board = json.loads((tiny_run / "eval" / "leaderboard.json").read_text())
+    assert {r["step"] for r in board["rows"] if r["step"] is not None} == set(steps)
+    for row in board["rows"]:
+        assert row["lossless_match_rate"] == 1.0
+        assert 0.0 <= row["acceptance_rate"] <= 1.0
+        assert row["num_speculative_tokens"] == cfg.evaluate.num_speculative_tokens
+    assert (tiny_run / "eval" / "leaderboard.csv").is_file()
+    assert list((tiny_run / "eval").glob("*.png"))
+    assert board["recommended_k"] in cfg.evaluate.k_sweep
+
+
+def test_export_loads_and_serves_as_assistant_model(tiny_run):
+    out = tiny_run / "export"
+    board = json.loads((tiny_run / "eval" / "leaderboard.json").read_text())
+    spec = json.loads((out / "speculative_config.json").read_text())
+    assert spec == {"method": "draft_model", "model": str(out.resolve()),
+                    "num_speculative_tokens": board["recommended_k"]}
+    assert not list(out.glob("*.pt")), "train state must not be exported"
+    card = (out / "README.md").read_text()
+    best = next(r for r in board["rows"] if r["checkpoint"] == board["best"])
+    assert f"{best['acceptance_rate']:.3f}" in card and "vllm serve" in card
+    assert "assistant_model=draft" in card
+
+    cfg = load_config(tiny_run / "config.yaml")
+    from draftsmith.models import resolve_model
+
+    target = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.target.model))
+    draft = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    ids = tok("def add(a, b):", return_tensors="pt")
+    plain = target.generate(**ids, max_new_tokens=12, do_sample=False)
+    assisted = target.generate(**ids, max_new_tokens=12, do_sample=False, assistant_model=draft)
+    assert torch.equal(plain, assisted)
+
+
+def test_rerun_skips_finished_stages(tiny_run):
+    board_before = (tiny_run / "eval" / "leaderboard.json").read_text()
+    weights = sorted((tiny_run / "checkpoints").glob("checkpoint-*/model.safetensors"))
+    stamps = [p.stat().st_mtime_ns for p in weights]
+    proc = draftsmith("run", "configs/tiny.yaml", f"run.output_dir={tiny_run}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "already holds the best draft; skipping" in proc.stdout
+    assert [p.stat().st_mtime_ns for p in weights] == stamps  # no checkpoint was rewritten
+    after = json.loads((tiny_run / "eval" / "leaderboard.json").read_text())
+    assert [r["checkpoint"] for r in after["rows"]] == [
+        r["checkpoint"] for r in json.loads(board_before)["rows"]
+    ]
+
+
+def test_export_refuses_existing_dir_and_unknown_checkpoint(tiny_run):
+    cfg = load_config(tiny_run / "config.yaml")
+    with pytest.raises(DraftsmithError, match="export dir exists; set export.overwrite=true"):
+        run_export(cfg)
+    cfg.export.output_dir = str(tiny_run / "export-2")
+    cfg.export.checkpoint = "checkpoint-999"
+    with pytest.raises(DraftsmithError, match="'checkpoint-999' is not on the leaderboard"):
+        run_export(cfg)
+    assert not (tiny_run / "export-2").exists()
+
+
+def test_export_without_leaderboard_is_one_line(tmp_path):
+    proc = draftsmith("export", "configs/tiny.yaml", f"run.output_dir={tmp_path / 'empty'}")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "no leaderboard yet; run `draftsmith evaluate CONFIG` first")
+    assert not (tmp_path / "empty" / "export").exists()
