@@ -143,6 +143,9 @@ class DistillConfig:
     keep_last: int | None = field(default=None, metadata=_range(ge=1))
     log_every: int = field(default=10, metadata=_range(ge=1))
     resume: str = "auto"  # auto | never | path to a checkpoint dir
+    # Also train a twin with plain cross-entropy (same data, steps, init) into
+    # <output_dir>/ablations/ce/, so the leaderboard shows what the KL loss buys.
+    ce_baseline: bool = False
 
 
 @dataclass
