@@ -1,0 +1,446 @@
+"""The training loop: one accelerate code path for CPU, one GPU, and many GPUs or nodes.
+
+    draftsmith distill CONFIG                                   # one process (CPU or GPU)
+    accelerate launch --num_processes 8 -m draftsmith.cli distill CONFIG   # DDP
+    accelerate launch --num_processes 2 --cpu -m draftsmith.cli distill CONFIG  # DDP on CPU (gloo)
+
+FSDP: `accelerate config` (or `accelerate launch --use_fsdp --fsdp_sharding_strategy
+FULL_SHARD ...`) shards the draft's parameters, gradients and optimizer state over the
+processes; nothing in this file changes, because the model accelerate prepares is the
+`CompletionLogits` wrapper whose forward the loss differentiates. Only rank 0 writes
+checkpoints, prints and logs to wandb; every rank computes the same batch plan.
+
+Per optimizer step: the global batch (distill.batch_size sequences) is split into
+grad_accum_steps x num_processes micro-batches. Each micro-batch loss is its token SUM
+divided by the global batch's completion-token count (times the process count, which
+DDP's gradient averaging divides out), so the update is the exact token mean over the
+global batch whatever the accumulation and process layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from draftsmith.config import Config
+from draftsmith.distill.batching import (
+    Batch,
+    BatchPlan,
+    TrainData,
+    check_divisible,
+    collate,
+    micro_batches,
+)
+from draftsmith.distill.checkpoint import (
+    find_resume,
+    kill_hook,
+    list_checkpoints,
+    load_train_state,
+    prune_checkpoints,
+    read_meta,
+    save_checkpoint,
+)
+from draftsmith.distill.init import build_draft, flops_per_token
+from draftsmith.distill.losses import distill_loss
+from draftsmith.distill.teacher import (
+    CompletionLogits,
+    is_on_policy_step,
+    sample_completions,
+    teacher_signal,
+)
+from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.io import clean_stale_temps
+from draftsmith.models import count_parameters, load_model, load_tokenizer, pick_device, pick_dtype
+from draftsmith.tracking import wandb_run
+
+
+@dataclass
+class Trainer:
+    """Everything one optimizer step needs (built once by `setup`)."""
+
+    cfg: Config
+    loss_name: str
+    accelerator: object
+    model: object  # the prepared CompletionLogits(draft)
+    teacher: CompletionLogits | None
+    optimizer: object
+    scheduler: object
+    data: TrainData
+    plan: BatchPlan
+    tokenizer: object
+    meta: dict
+    checkpoints_dir: Path
+    step: int = 0
+    history: list[float] = field(default_factory=list)
+
+    @property
+    def draft(self):
+        return self.accelerator.unwrap_model(self.model).lm
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def load_train(output_dir: Path):
+    """The generate stage's dataset (draftsmith.data.load_train_dataset when it exists)."""
+    try:
+        from draftsmith.data import load_train_dataset
+    except ImportError:  # generate not landed yet: the same contract, read directly
+        load_train_dataset = _load_train_dataset
+    return load_train_dataset(output_dir)
+
+
+def _load_train_dataset(output_dir: Path):
+    import datasets
+
+    path = Path(output_dir) / "data" / "dataset"
+    if not path.is_dir():
+        raise DraftsmithError(f"{path}: no training data; run `draftsmith generate CONFIG` first")
+    return datasets.load_from_disk(str(path))
+
+
+def make_batches(tr: Trainer, step: int, on_policy: bool) -> list[Batch]:
+    """This process's micro-batches for `step`, on device (draft-sampled when on-policy)."""
+    acc, dcfg = tr.accelerator, tr.cfg.distill
+    idx = micro_batches(
+        tr.plan.global_batch(step), dcfg.grad_accum_steps, acc.process_index, acc.num_processes
+    )
+    pad = tr.tokenizer.pad_token_id
+    out = []
+    for j, rows in enumerate(idx):
+        examples = tr.data.examples(rows)
+        if on_policy:
+            seed = hash((tr.cfg.run.seed, step, acc.process_index, j)) % (2**31)
+            examples = sample_completions(
+                tr.draft,
+                examples,
+                temperature=dcfg.on_policy_temperature,
+                pad_id=pad,
+                eos_id=tr.tokenizer.eos_token_id,
+                seed=seed,
+                device=acc.device,
+            )
+        out.append(collate(examples, pad).to(acc.device))
+    return out
+
+
+# ----------------------------------------------------------------------------- one step
+
+
+def micro_step(tr: Trainer, batch: Batch, global_tokens: float, on_policy: bool) -> torch.Tensor:
+    """Forward + backward of one micro-batch; returns its loss SUM (detached)."""
+    dcfg, acc = tr.cfg.distill, tr.accelerator
+    with acc.autocast():
+        logits = tr.model(batch.input_ids, batch.attention_mask, batch.loss_mask)  # (N, V)
+        signal = teacher_signal(tr.teacher, batch)
+    part = distill_loss(
+        tr.loss_name,
+        logits,
+        signal,
+        batch.labels,
+        torch.ones_like(batch.labels, dtype=torch.bool),
+        temperature=dcfg.temperature,
+        beta=dcfg.beta,
+        ce_weight=0.0 if on_policy else dcfg.ce_weight,  # no target tokens to imitate
+    )
+    acc.backward(part.total * acc.num_processes / global_tokens)
+    return part.total.detach()
+
+
+def train_step(tr: Trainer, step: int) -> dict:
+    """One optimizer step over the global batch; returns its metrics."""
+    acc, dcfg = tr.accelerator, tr.cfg.distill
+    on_policy = is_on_policy_step(tr.cfg.run.seed, step, dcfg.on_policy_fraction)
+    batches = make_batches(tr, step, on_policy)
+    local = torch.tensor(float(sum(b.num_tokens for b in batches)), device=acc.device)
+    global_tokens = acc.reduce(local, "sum").item()
+    total = torch.zeros((), device=acc.device)
+    for j, batch in enumerate(batches):
+        last = j == len(batches) - 1
+        with contextlib.nullcontext() if last else acc.no_sync(tr.model):
+            total += micro_step(tr, batch, global_tokens, on_policy)
+    loss = (acc.reduce(total, "sum") / global_tokens).item()
+    if not math.isfinite(loss):
+        good = list_checkpoints(tr.checkpoints_dir)
+        keep = good[-1][1] if good else "none"
+        raise DraftsmithError(
+            f"distill: the loss became {loss} at step {step + 1}; stopped (last good checkpoint: "
+            f"{keep}); try a lower distill.lr or distill.max_grad_norm"
+        )
+    grad_norm = acc.clip_grad_norm_(tr.model.parameters(), dcfg.max_grad_norm)
+    lr = tr.scheduler.get_last_lr()[0]
+    tr.optimizer.step()
+    tr.scheduler.step()
+    tr.optimizer.zero_grad(set_to_none=True)
+    return {
+        "loss": loss,
+        "lr": lr,
+        "grad_norm": float(grad_norm),
+        "tokens": global_tokens,
+        "on_policy": on_policy,
+    }
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def train_state(tr: Trainer) -> dict:
+    return {
+        "step": tr.step,
+        "history": list(tr.history),
+        "optimizer": tr.optimizer.state_dict(),
+        "scheduler": tr.scheduler.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "python_rng": random.getstate(),
+    }
+
+
+def restore_train_state(tr: Trainer, state: dict) -> None:
+    tr.optimizer.load_state_dict(state["optimizer"])
+    tr.scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["torch_rng"])
+    if state["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    random.setstate(state["python_rng"])
+    tr.step, tr.history = int(state["step"]), list(state["history"])
+
+
+def save(tr: Trainer) -> None:
+    """Rank 0 writes checkpoint-<step>; everyone waits so no rank runs ahead of a save."""
+    acc = tr.accelerator
+    if acc.is_main_process:
+        meta = {
+            **tr.meta,
+            "loss": tr.history[-1] if tr.history else None,
+            "loss_history": tr.history,
+            "lr": tr.scheduler.get_last_lr()[0],
+        }
+        save_checkpoint(tr.checkpoints_dir, tr.step, tr.draft, tr.tokenizer, train_state(tr), meta)
+        prune_checkpoints(tr.checkpoints_dir, tr.cfg.distill.keep_last)
+    acc.wait_for_everyone()
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+def make_accelerator(cfg: Config):
+    from accelerate import Accelerator
+
+    device = pick_device(cfg.run.device)
+    mp = cfg.distill.mixed_precision
+    if mp == "auto":
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        mp = "bf16" if bf16 else "no"
+    return Accelerator(mixed_precision=mp, cpu=device.type == "cpu")
+
+
+def _uses_target(cfg: Config, loss_name: str) -> bool:
+    return loss_name != "ce" and cfg.distill.teacher == "online"
+
+
+def _check_loss(cfg: Config, loss_name: str) -> None:
+    if loss_name == "ce" and cfg.distill.on_policy_fraction > 0:
+        raise ConfigError(
+            "distill.on_policy_fraction: needs a divergence loss; 'ce' learns the target's "
+            "own tokens only"
+        )
+
+
+def load_draft(cfg: Config, resume: Path | None, target, target_tok, device):
+    """(draft, tokenizer, init description): from a checkpoint, else freshly initialised."""
+    if resume is None:
+        return build_draft(cfg, target, target_tok, device)
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.float32 if cfg.draft.dtype == "auto" else getattr(torch, cfg.draft.dtype)
+    draft = AutoModelForCausalLM.from_pretrained(resume, dtype=dtype).to(device).train()
+    return draft, load_tokenizer(str(resume), key="distill.resume"), read_meta(resume)["init"]
+
+
+def describe(draft, target_config, say) -> dict:
+    """Print and return the draft's size and its FLOPs/token relative to the target."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):  # the target's shape without its weights
+        target = AutoModelForCausalLM.from_config(target_config)
+    d_flops, t_flops = flops_per_token(draft), flops_per_token(target)
+    info = {
+        "draft_params": count_parameters(draft),
+        "target_params": count_parameters(target),
+        "flops_ratio": d_flops / t_flops,
+    }
+    say(
+        f"draft: {info['draft_params'] / 1e6:.2f}M params, target {info['target_params'] / 1e6:.2f}M; "
+        f"FLOPs/token ratio draft/target {info['flops_ratio']:.3f} "
+        f"(2 x non-embedding params + head matmul)"
+    )
+    return info
+
+
+def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | None) -> Trainer:
+    from transformers import get_cosine_schedule_with_warmup
+
+    dcfg = cfg.distill
+    acc = make_accelerator(cfg)
+    check_divisible(dcfg.batch_size, dcfg.grad_accum_steps, acc.num_processes)
+    torch.manual_seed(cfg.run.seed)
+    random.seed(cfg.run.seed)
+    need_topk = loss_name != "ce" and dcfg.teacher == "offline"
+    data = TrainData(load_train(cfg.output_dir), dcfg.max_seq_len, need_topk)
+    target_tok = load_tokenizer(cfg.target.model, key="target.model")
+    target = None
+    if _uses_target(cfg, loss_name) or resume is None:
+        t_dtype = pick_dtype(cfg.target.dtype, acc.device)
+        target = load_model(
+            cfg.target.model,
+            device=acc.device,
+            dtype=t_dtype,
+            trust_remote_code=cfg.target.trust_remote_code,
+            revision=cfg.target.revision,
+            key="target.model",
+        )
+    draft, tok, init = load_draft(cfg, resume, target, target_tok, acc.device)
+    say = acc.print
+    info = describe(draft, _target_config(cfg, target), say)
+    teacher = None
+    if _uses_target(cfg, loss_name):
+        target.requires_grad_(False)
+        teacher = CompletionLogits(target.eval())
+    del target  # offline/CE: the target is not kept in memory
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=dcfg.lr, weight_decay=dcfg.weight_decay)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, dcfg.warmup_steps, dcfg.max_steps)
+    model, optimizer = acc.prepare(CompletionLogits(draft), optimizer)
+    meta = {
+        "init": init,
+        "loss_name": loss_name,
+        "teacher": dcfg.teacher,
+        "max_steps": dcfg.max_steps,
+        "target": cfg.target.model,
+        **info,
+    }
+    say(
+        f"distill: {len(data)} sequences ({data.dropped} dropped: no completion token within "
+        f"max_seq_len), loss {loss_name}, teacher {dcfg.teacher}, init {init}"
+    )
+    return Trainer(
+        cfg,
+        loss_name,
+        acc,
+        model,
+        teacher,
+        optimizer,
+        scheduler,
+        data,
+        BatchPlan(data.lengths, dcfg.batch_size, cfg.run.seed),
+        tok,
+        meta,
+        checkpoints_dir,
+    )
+
+
+def _target_config(cfg: Config, target):
+    if target is not None:
+        return target.config
+    from transformers import AutoConfig
+
+    from draftsmith.models import resolve_model
+
+    return AutoConfig.from_pretrained(
+        resolve_model(cfg.target.model, "target.model"),
+        trust_remote_code=cfg.target.trust_remote_code,
+        revision=cfg.target.revision,
+    )
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def log_metrics(tr: Trainer, window: list[dict], seconds: float, run, bar) -> None:
+    loss = sum(m["loss"] for m in window) / len(window)
+    tokens_per_s = sum(m["tokens"] for m in window) / max(seconds, 1e-9)
+    last = window[-1]
+    metrics = {
+        "train/loss": loss,
+        "train/lr": last["lr"],
+        "train/grad_norm": last["grad_norm"],
+        "train/tokens_per_s": tokens_per_s,
+        "train/on_policy_share": sum(m["on_policy"] for m in window) / len(window),
+    }
+    bar.write(
+        f"step {tr.step}: loss {loss:.4f} lr {last['lr']:.2e} grad_norm "
+        f"{last['grad_norm']:.3f} tokens/s {tokens_per_s:.0f}"
+    )
+    if run is not None:
+        run.log(metrics, step=tr.step)
+
+
+def run_loop(tr: Trainer, run) -> None:
+    dcfg, acc = tr.cfg.distill, tr.accelerator
+    bar = tqdm(
+        total=dcfg.max_steps, initial=tr.step, desc="distill", disable=not acc.is_main_process
+    )
+    window, t0 = [], time.perf_counter()
+    while tr.step < dcfg.max_steps:
+        metrics = train_step(tr, tr.step)
+        tr.step += 1
+        tr.history.append(metrics["loss"])
+        window.append(metrics)
+        bar.update(1)
+        bar.set_postfix(loss=f"{metrics['loss']:.4f}")
+        if acc.is_main_process and (tr.step % dcfg.log_every == 0 or tr.step == dcfg.max_steps):
+            log_metrics(tr, window, time.perf_counter() - t0, run, bar)
+            window, t0 = [], time.perf_counter()
+        if tr.step % dcfg.save_every == 0 or tr.step == dcfg.max_steps:
+            save(tr)
+        kill_hook(f"step:{tr.step}")
+    bar.close()
+
+
+def train_draft(cfg: Config, checkpoints_dir: Path, loss_override: str | None = None) -> Path:
+    """Train a draft into `checkpoints_dir`; returns the final checkpoint's path.
+
+    `loss_override` trains a twin with another loss (e.g. "ce") on the same data, steps
+    and init, for ablations. Resumable per distill.resume; a finished run returns at once.
+    """
+    checkpoints_dir = Path(checkpoints_dir)
+    dcfg = cfg.distill
+    loss_name = loss_override or dcfg.loss
+    _check_loss(cfg, loss_name)
+    done = dict(list_checkpoints(checkpoints_dir)).get(dcfg.max_steps)
+    if done is not None:
+        print(f"distill: already finished ({done} exists); nothing to do")
+        return done
+    clean_stale_temps(checkpoints_dir)
+    resume = find_resume(checkpoints_dir, dcfg.resume)
+    if resume is not None:
+        _check_same_loss(resume, loss_name)
+    tr = setup(cfg, checkpoints_dir, loss_name, resume)
+    if resume is not None:
+        restore_train_state(tr, load_train_state(resume))
+        tr.accelerator.print(f"distill: resuming from {resume} (step {tr.step})")
+    else:
+        save(tr)  # checkpoint-0: the untrained initialisation
+    job = "distill" if loss_override is None else f"distill-{loss_name}"
+    main = tr.accelerator.is_main_process
+    with wandb_run(cfg, job) if main else contextlib.nullcontext(None) as run:
+        if run is not None:
+            run.config.update({"distill_info": tr.meta}, allow_val_change=True)
+        run_loop(tr, run)
+    return checkpoints_dir / f"checkpoint-{dcfg.max_steps}"
+
+
+def _check_same_loss(resume: Path, loss_name: str) -> None:
+    trained = read_meta(resume).get("loss_name")
+    if trained not in (None, loss_name):
+        raise DraftsmithError(
+            f"distill.resume: {resume} was trained with loss {trained!r}, not {loss_name!r}; "
+            "use another checkpoints directory or distill.resume=never on an empty one"
+        )

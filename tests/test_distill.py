@@ -1,0 +1,238 @@
+"""The distill stage end to end on a tiny model (CPU): checkpoints, resume, teachers, wandb."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from distill_helpers import build_tiny_target, make_cfg, read_wandb_history, write_dataset
+from safetensors.torch import load_file
+
+from draftsmith.config import config_to_dict
+from draftsmith.distill import list_checkpoints
+from draftsmith.distill.stage import run_distill
+from draftsmith.distill.train import train_draft
+from draftsmith.errors import DraftsmithError
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    return build_tiny_target(tmp_path_factory.mktemp("target"))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, target_dir) -> Path:
+    out = tmp_path_factory.mktemp("data_src")
+    write_dataset(out, target_dir, n=16, k=8)
+    return out / "data"
+
+
+def _run_dir(tmp_path: Path, data_dir: Path) -> Path:
+    out = tmp_path / "run"
+    (out / "data").mkdir(parents=True)
+    os.symlink(data_dir / "dataset", out / "data" / "dataset")
+    (out / "data" / "meta.json").write_text((data_dir / "meta.json").read_text())
+    return out
+
+
+def _meta(path: Path) -> dict:
+    return json.loads((path / "draftsmith_checkpoint.json").read_text())
+
+
+def test_checkpoints_contract_and_finished_stage(tmp_path, target_dir, data_dir, capsys):
+    from transformers import AutoModelForCausalLM
+
+    out = _run_dir(tmp_path, data_dir)
+    # the whole data set in every batch, so the loss must go down step by step
+    cfg = make_cfg(out, target_dir, max_steps=4, save_every=2, batch_size=16, lr=3e-3)
+    run_distill(cfg)
+    ckpts = list_checkpoints(out / "checkpoints")
+    assert [s for s, _ in ckpts] == [0, 2, 4]
+    final = ckpts[-1][1]
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "train_state.pt",
+        "draftsmith_checkpoint.json",
+    ):
+        assert (final / name).is_file(), name
+    meta = _meta(final)
+    assert (
+        meta["step"] == 4 and meta["loss_name"] == "forward_kl" and len(meta["loss_history"]) == 4
+    )
+    assert meta["init"] == "from_target layers [0, 1]"
+    state = torch.load(final / "train_state.pt", weights_only=True)
+    assert state["step"] == 4 and "optimizer" in state and "scheduler" in state
+    draft = AutoModelForCausalLM.from_pretrained(final)
+    assert draft.config.num_hidden_layers == 2
+    # checkpoint-0 is the untrained init: the target's first two layers, unchanged
+    target = load_file(target_dir / "model.safetensors")
+    init = load_file(ckpts[0][1] / "model.safetensors")
+    torch.testing.assert_close(
+        init["model.layers.1.mlp.up_proj.weight"], target["model.layers.1.mlp.up_proj.weight"]
+    )
+    trained = load_file(final / "model.safetensors")
+    assert not torch.equal(
+        trained["model.layers.1.mlp.up_proj.weight"], init["model.layers.1.mlp.up_proj.weight"]
+    )
+    # training reduced the loss, and a rerun is a no-op that says so
+    assert meta["loss_history"][-1] < meta["loss_history"][0]
+    capsys.readouterr()
+    before = (final / "model.safetensors").stat().st_mtime_ns
+    run_distill(cfg)
+    assert "already finished" in capsys.readouterr().out
+    assert (final / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_offline_teacher_trains_without_the_target(tmp_path, target_dir, data_dir, monkeypatch):
+    from draftsmith.distill import train as train_mod
+
+    out = _run_dir(tmp_path, data_dir)
+    cfg = make_cfg(out, target_dir, teacher="offline", max_steps=3, save_every=3)
+    seen = []
+    real = train_mod.setup
+
+    def spy(*a, **kw):
+        tr = real(*a, **kw)
+        seen.append(tr.teacher)
+        return tr
+
+    monkeypatch.setattr(train_mod, "setup", spy)
+    run_distill(cfg)
+    assert seen == [None]  # no target in memory
+    hist = _meta(out / "checkpoints" / "checkpoint-3")["loss_history"]
+    assert len(hist) == 3 and all(h > 0 for h in hist)
+
+
+def test_keep_last_and_resume_never(tmp_path, target_dir, data_dir):
+    out = _run_dir(tmp_path, data_dir)
+    cfg = make_cfg(out, target_dir, max_steps=4, save_every=1, keep_last=2)
+    run_distill(cfg)
+    assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [0, 3, 4]
+    cfg = make_cfg(out, target_dir, max_steps=6, save_every=1, resume="never")
+    with pytest.raises(DraftsmithError, match="distill.resume"):
+        run_distill(cfg)
+
+
+def test_nan_loss_stops_with_clear_error(tmp_path, target_dir, data_dir, monkeypatch):
+    from draftsmith.distill import train as train_mod
+    from draftsmith.distill.losses import TokenSum
+
+    out = _run_dir(tmp_path, data_dir)
+    cfg = make_cfg(out, target_dir, max_steps=6, save_every=2)
+    real, calls = train_mod.distill_loss, []
+
+    def poisoned(*a, **kw):
+        calls.append(1)
+        res = real(*a, **kw)
+        return TokenSum(res.total * float("nan"), res.count) if len(calls) == 3 else res
+
+    monkeypatch.setattr(train_mod, "distill_loss", poisoned)
+    with pytest.raises(DraftsmithError, match="loss became nan at step 3.*checkpoint-2"):
+        run_distill(cfg)
+    assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [0, 2]
+
+
+def test_ablation_twin_and_wandb_offline_history(tmp_path, target_dir, data_dir):
+    out = _run_dir(tmp_path, data_dir)
+    cfg = make_cfg(out, target_dir, max_steps=3, save_every=3, log_every=1)
+    cfg.tracking.wandb.mode = "offline"
+    final = train_draft(cfg, out / "ce_twin", loss_override="ce")
+    meta = _meta(final)
+    assert meta["loss_name"] == "ce"
+    rows = [r for r in read_wandb_history(out / "wandb") if "train/loss" in r]
+    assert [r["_step"] for r in rows] == [1, 2, 3]
+    logged = [r["train/loss"] for r in rows]
+    assert logged == pytest.approx(meta["loss_history"], rel=1e-6)
+    assert all("train/tokens_per_s" in r and "train/lr" in r for r in rows)
+    # never an API key anywhere in what the run wrote
+    for f in out.rglob("*"):
+        if f.is_file() and f.suffix in (".json", ".yaml", ".log", ".txt"):
+            assert "WANDB_API_KEY" not in f.read_text(errors="ignore")
+
+
+def _cli(out: Path, cfg, env_extra: dict | None = None, launcher: list[str] | None = None):
+    cfg_path = out / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(config_to_dict(cfg)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true", **(env_extra or {})}
+    cmd = (launcher or [sys.executable]) + ["-m", "draftsmith.cli", "distill", str(cfg_path)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_sigkill_during_save_and_training_resumes_to_same_result(tmp_path, target_dir, data_dir):
+    ref_out = _run_dir(tmp_path / "ref", data_dir)
+    ref = _cli(ref_out, make_cfg(ref_out, target_dir, max_steps=6, save_every=2))
+    assert ref.returncode == 0, ref.stderr[-2000:]
+
+    out = _run_dir(tmp_path / "killed", data_dir)
+    cfg = make_cfg(out, target_dir, max_steps=6, save_every=2)
+    ck = out / "checkpoints"
+    first = _cli(out, cfg, {"DRAFTSMITH_TEST_KILL": "save:4"})  # dies while writing checkpoint-4
+    assert first.returncode == -9
+    assert [s for s, _ in list_checkpoints(ck)] == [0, 2]
+    assert any(".tmp-" in p.name for p in ck.iterdir())  # the half-written one
+    second = _cli(out, cfg, {"DRAFTSMITH_TEST_KILL": "step:5"})  # dies between checkpoints
+    assert second.returncode == -9
+    assert [s for s, _ in list_checkpoints(ck)] == [0, 2, 4]
+    third = _cli(out, cfg)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert "resuming from" in third.stdout
+    assert not any(".tmp-" in p.name for p in ck.iterdir())
+
+    a = load_file(ref_out / "checkpoints/checkpoint-6/model.safetensors")
+    b = load_file(ck / "checkpoint-6/model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert (
+        _meta(ck / "checkpoint-6")["loss_history"]
+        == _meta(ref_out / "checkpoints/checkpoint-6")["loss_history"]
+    )
+
+
+def test_two_process_ddp_matches_one_process(tmp_path, target_dir, data_dir):
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--cpu",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+    ]
+    one_out = _run_dir(tmp_path / "one", data_dir)
+    # one process, grad accumulation 2 == two processes, no accumulation: same global batch
+    one = _cli(
+        one_out,
+        make_cfg(one_out, target_dir, max_steps=3, save_every=3, grad_accum_steps=2),
+        launcher=launch + ["--num_processes", "1"],
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    two_out = _run_dir(tmp_path / "two", data_dir)
+    two = _cli(
+        two_out,
+        make_cfg(two_out, target_dir, max_steps=3, save_every=3),
+        launcher=launch + ["--num_processes", "2"],
+    )
+    assert two.returncode == 0, two.stderr[-3000:]
+    h1 = _meta(one_out / "checkpoints/checkpoint-3")["loss_history"]
+    h2 = _meta(two_out / "checkpoints/checkpoint-3")["loss_history"]
+    assert h1 == pytest.approx(h2, rel=1e-5, abs=1e-7)
+    assert h2[-1] != h2[0]  # it trained
+    a = load_file(one_out / "checkpoints/checkpoint-3/model.safetensors")
+    b = load_file(two_out / "checkpoints/checkpoint-3/model.safetensors")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-6)
