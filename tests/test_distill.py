@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from distill_helpers import build_tiny_target, make_cfg, read_wandb_history, write_dataset
 from safetensors.torch import load_file
+from test_distill_helpers import build_tiny_target, make_cfg, read_wandb_history, write_dataset
 
 from draftsmith.config import config_to_dict
 from draftsmith.distill import list_checkpoints
@@ -236,3 +236,40 @@ def test_two_process_ddp_matches_one_process(tmp_path, target_dir, data_dir):
     b = load_file(two_out / "checkpoints/checkpoint-3/model.safetensors")
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-6)
+
+
+def test_on_policy_steps_are_deterministic_and_sampled_by_the_draft(tmp_path, target_dir, data_dir):
+    from draftsmith.distill.teacher import is_on_policy_step
+
+    picks = [is_on_policy_step(0, s, 0.3) for s in range(2000)]
+    assert picks == [is_on_policy_step(0, s, 0.3) for s in range(2000)]
+    assert 0.25 < sum(picks) / 2000 < 0.35
+    assert not any(is_on_policy_step(0, s, 0.0) for s in range(100))
+    hist = []
+    for name in ("a", "b"):
+        out = _run_dir(tmp_path / name, data_dir)
+        cfg = make_cfg(out, target_dir, max_steps=2, save_every=2, on_policy_fraction=1.0)
+        run_distill(cfg)
+        hist.append(_meta(out / "checkpoints/checkpoint-2")["loss_history"])
+    assert hist[0] == hist[1]
+    off = _run_dir(tmp_path / "off", data_dir)
+    run_distill(make_cfg(off, target_dir, max_steps=2, save_every=2))
+    assert _meta(off / "checkpoints/checkpoint-2")["loss_history"] != hist[0]  # other sequences
+
+
+def test_pretrained_init_checks_the_vocabulary(tmp_path, target_dir, data_dir):
+    from transformers import AutoTokenizer
+
+    other = build_tiny_target(tmp_path / "other", seed=1)
+    tok = AutoTokenizer.from_pretrained(other)
+    tok.add_tokens(["<extra_token>"])  # a different vocabulary
+    tok.save_pretrained(other)
+    out = _run_dir(tmp_path / "run", data_dir)
+    cfg = make_cfg(out, target_dir, max_steps=1, save_every=1)
+    cfg.draft.init, cfg.draft.model = "pretrained", str(other)
+    with pytest.raises(DraftsmithError, match="tokenizer mismatch"):
+        run_distill(cfg)
+    good = build_tiny_target(tmp_path / "good", seed=2)
+    cfg.draft.model = str(good)
+    run_distill(cfg)
+    assert _meta(out / "checkpoints/checkpoint-1")["init"].startswith("pretrained")
