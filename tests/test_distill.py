@@ -273,3 +273,15 @@ def test_pretrained_init_checks_the_vocabulary(tmp_path, target_dir, data_dir):
     cfg.draft.model = str(good)
     run_distill(cfg)
     assert _meta(out / "checkpoints/checkpoint-1")["init"].startswith("pretrained")
+
+
+def test_ce_baseline_twin_goes_to_ablations(tmp_path, target_dir, data_dir):
+    out = _run_dir(tmp_path, data_dir)
+    cfg = make_cfg(out, target_dir, max_steps=2, save_every=2, ce_baseline=True)
+    run_distill(cfg)
+    main, twin = _meta(out / "checkpoints/checkpoint-2"), _meta(out / "ablations/ce/checkpoint-2")
+    assert (main["loss_name"], twin["loss_name"]) == ("forward_kl", "ce")
+    # same init: checkpoint-0 of both is the same model
+    a = load_file(out / "checkpoints/checkpoint-0/model.safetensors")
+    b = load_file(out / "ablations/ce/checkpoint-0/model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
