@@ -1,0 +1,157 @@
+"""Speculative-decoding metrics: pure functions over per-prompt counts (engine.DecodeResult dicts).
+
+Definitions (sums over prompts, so long prompts weigh by their tokens, not one vote each):
+    acceptance rate          accepted draft tokens / proposed draft tokens
+    mean accepted length     tokens emitted / target forwards (>= 1; 1 for target-only decoding)
+    per-position acceptance  P(position i accepted | positions < i accepted), i = 1..k
+    tokens/s                 tokens emitted / wall seconds
+    speedup                  speculative tokens/s / target-only tokens/s on the same prompts
+    draft cost ratio c       mean 1-token draft forward / mean 1-token target forward
+    modelled speedup         (1 - a^(k+1)) / ((1 - a)(k c + 1)), Leviathan et al. 2023, eq. 1
+                             with a the acceptance rate: expected tokens per round over the
+                             cost of a round in target forwards (verify cost taken as 1)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def acceptance_rate(accepted: int, proposed: int) -> float | None:
+    return _ratio(accepted, proposed)
+
+
+def mean_accepted_length(tokens: int, target_forwards: int) -> float | None:
+    return _ratio(tokens, target_forwards)
+
+
+def per_position_acceptance(
+    accepted_at: Sequence[int], reached_at: Sequence[int]
+) -> list[float | None]:
+    """accepted_at[i] / reached_at[i]: acceptance at position i given it was verified."""
+    return [_ratio(a, r) for a, r in zip(accepted_at, reached_at)]
+
+
+def tokens_per_second(tokens: int, seconds: float) -> float | None:
+    return _ratio(tokens, seconds)
+
+
+def speedup(spec_tokens_per_s: float | None, target_tokens_per_s: float | None) -> float | None:
+    if spec_tokens_per_s is None or not target_tokens_per_s:
+        return None
+    return spec_tokens_per_s / target_tokens_per_s
+
+
+def draft_cost_ratio(
+    draft_time: float, draft_n: int, target_time: float, target_n: int
+) -> float | None:
+    """Mean draft forward time over mean target forward time (both single-token)."""
+    if not draft_n or not target_n or not target_time:
+        return None
+    return (draft_time / draft_n) / (target_time / target_n)
+
+
+def expected_tokens_per_round(a: float, k: int) -> float:
+    """E[tokens per target forward] when each draft token is accepted i.i.d. with prob a."""
+    if a >= 1.0:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def modelled_speedup(a: float | None, k: int, c: float | None) -> float | None:
+    """(1 - a^(k+1)) / ((1 - a)(k c + 1)); k = 0 (no draft) is 1 by definition."""
+    if a is None or c is None:
+        return None
+    return expected_tokens_per_round(a, k) / (k * c + 1.0)
+
+
+def _sum(results: Iterable[dict], key: str) -> float:
+    return sum(r[key] for r in results)
+
+
+def _sum_lists(results: Sequence[dict], key: str) -> list[int]:
+    width = max((len(r[key]) for r in results), default=0)
+    out = [0] * width
+    for r in results:
+        for i, v in enumerate(r[key]):
+            out[i] += v
+    return out
+
+
+def _tokens_per_s(results: Sequence[dict]) -> float | None:
+    return tokens_per_second(sum(len(r["tokens"]) for r in results), _sum(results, "wall_time"))
+
+
+def summarize(spec: Sequence[dict], target_only: Sequence[dict], k: int) -> dict:
+    """One summary over matching per-prompt results (same prompts, same order)."""
+    tokens = sum(len(r["tokens"]) for r in spec)
+    proposed, accepted = int(_sum(spec, "proposed")), int(_sum(spec, "accepted"))
+    forwards = int(_sum(spec, "target_forwards"))
+    a = acceptance_rate(accepted, proposed)
+    c = draft_cost_ratio(
+        _sum(spec, "draft_1tok_time"),
+        int(_sum(spec, "draft_1tok_n")),
+        _sum(target_only, "target_1tok_time"),
+        int(_sum(target_only, "target_1tok_n")),
+    )
+    tps, base_tps = _tokens_per_s(spec), _tokens_per_s(target_only)
+    verify_n = int(_sum(spec, "target_verify_n"))
+    base_n = int(_sum(target_only, "target_1tok_n"))
+    draft_n = int(_sum(spec, "draft_1tok_n"))
+    return {
+        "num_prompts": len(spec),
+        "tokens_generated": tokens,
+        "tokens_proposed": proposed,
+        "tokens_accepted": accepted,
+        "acceptance_rate": a,
+        "mean_accepted_length": mean_accepted_length(tokens, forwards),
+        "per_position_acceptance": per_position_acceptance(
+            _sum_lists(spec, "accepted_at"), _sum_lists(spec, "reached_at")
+        ),
+        "target_forwards": forwards,
+        "tokens_per_s": tps,
+        "target_tokens_per_s": base_tps,
+        "speedup": speedup(tps, base_tps),
+        "draft_cost_ratio": c,
+        "modelled_speedup": modelled_speedup(a, k, c),
+        "draft_forward_ms": 1e3 * _ratio(_sum(spec, "draft_1tok_time"), draft_n)
+        if draft_n
+        else None,
+        "target_forward_ms": (
+            1e3 * _ratio(_sum(target_only, "target_1tok_time"), base_n) if base_n else None
+        ),
+        "target_verify_ms": (
+            1e3 * _ratio(_sum(spec, "target_verify_time"), verify_n) if verify_n else None
+        ),
+    }
+
+
+def per_category(
+    spec: Sequence[dict], target_only: Sequence[dict], categories: Sequence[str], k: int
+) -> dict[str, dict]:
+    """summarize() for each category; the three sequences are aligned by prompt."""
+    out = {}
+    for cat in sorted(set(categories)):
+        idx = [i for i, c in enumerate(categories) if c == cat]
+        out[cat] = summarize([spec[i] for i in idx], [target_only[i] for i in idx], k)
+    return out
+
+
+def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing token (a length difference counts); None when equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def lossless_match_rate(spec_tokens: Sequence[Sequence[int]], ref_tokens: Sequence[Sequence[int]]):
+    """Fraction of prompts whose speculative output equals the reference token for token."""
+    if not spec_tokens:
+        return None
+    same = sum(first_mismatch(a, b) is None for a, b in zip(spec_tokens, ref_tokens))
+    return same / len(spec_tokens)

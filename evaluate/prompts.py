@@ -1,0 +1,83 @@
+"""Reading the stage inputs: held-out eval prompts and the drafts to evaluate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from draftsmith.errors import DraftsmithError
+
+
+def _read_eval_prompts(output_dir: Path) -> list[dict]:
+    """The generate stage's contract, read directly (used when draftsmith.data lacks a reader)."""
+    path = Path(output_dir) / "data" / "eval_prompts.jsonl"
+    if not path.is_file():
+        raise DraftsmithError(f"{path}: no eval prompts; run `draftsmith generate CONFIG` first")
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise DraftsmithError(f"{path}: line {i + 1} is not valid JSON") from None
+    return rows
+
+
+def load_prompts(output_dir: Path) -> list[dict]:
+    try:
+        from draftsmith.data import load_eval_prompts
+    except ImportError:
+        load_eval_prompts = _read_eval_prompts
+    prompts = load_eval_prompts(output_dir)
+    path = Path(output_dir) / "data" / "eval_prompts.jsonl"
+    if not prompts:
+        raise DraftsmithError(f"{path}: holds no eval prompts")
+    for i, p in enumerate(prompts):
+        if not p.get("prompt_ids"):
+            raise DraftsmithError(f"{path}: prompt {p.get('id', i)} has no prompt_ids")
+        p.setdefault("id", str(i))
+        p.setdefault("category", "default")
+    return prompts
+
+
+def select_prompts(prompts: list[dict], limit: int | None) -> list[dict]:
+    """At most `limit` prompts, taken round-robin over categories in file order.
+
+    Deterministic, and a small cap still covers every category.
+    """
+    if limit is None or limit >= len(prompts):
+        return list(prompts)
+    by_cat: dict[str, list[dict]] = {}
+    for p in prompts:
+        by_cat.setdefault(p["category"], []).append(p)
+    picked: list[dict] = []
+    depth = 0
+    while len(picked) < limit:
+        for rows in by_cat.values():
+            if depth < len(rows) and len(picked) < limit:
+                picked.append(rows[depth])
+        depth += 1
+    order = {id(p): i for i, p in enumerate(prompts)}
+    return sorted(picked, key=lambda p: order[id(p)])
+
+
+def list_drafts(output_dir: Path, baselines: list[str]) -> list[dict]:
+    """Every checkpoint-<step> (by step), then each evaluate.baselines entry."""
+    try:
+        from draftsmith.distill import list_checkpoints
+    except ImportError:  # pragma: no cover - distill ships it
+        list_checkpoints = None
+    ckpt_dir = Path(output_dir) / "checkpoints"
+    found = list_checkpoints(ckpt_dir) if list_checkpoints else []
+    drafts = [{"name": p.name, "ref": str(p), "step": step} for step, p in found]
+    for i, ref in enumerate(baselines):
+        path = Path(ref).expanduser()
+        name = path.name if path.exists() else ref
+        drafts.append({"name": name, "ref": ref, "step": None, "key": f"evaluate.baselines[{i}]"})
+    if not drafts:
+        raise DraftsmithError(
+            f"{ckpt_dir}: no checkpoints to evaluate (and evaluate.baselines is empty); "
+            "run `draftsmith distill CONFIG` first"
+        )
+    return drafts
