@@ -1,0 +1,238 @@
+"""evaluate.backend = "vllm": each draft through vLLM's speculative decoding, on GPU at scale.
+
+    LLM(model=target, speculative_config={"method": "draft_model", "model": draft_dir,
+        "num_speculative_tokens": k}, disable_log_stats=False)
+
+generates the eval prompts (one generate call per category, all its prompts batched), and
+`llm.get_metrics()` (vllm.v1.metrics.reader: Counter with .value, Vector with .values) is read
+before and after each call:
+
+    vllm:spec_decode_num_drafts                    verify steps      -> target_forwards
+    vllm:spec_decode_num_draft_tokens              proposed tokens   -> tokens_proposed
+    vllm:spec_decode_num_accepted_tokens           accepted tokens   -> tokens_accepted
+    vllm:spec_decode_num_accepted_tokens_per_pos   accepted at pos i -> per_position_acceptance
+
+Caveats, measured not hidden: vLLM's draft proposes by argmax, so at temperature > 0 its
+acceptance is not the exact-sampling figure the native engine measures; tokens/s is batched
+throughput, not batch-1 latency; the draft cost ratio is not observable (None), so neither is
+the modelled speedup; greedy outputs are compared with a target-only vLLM run, and batched GPU
+kernels can differ on near-ties (use evaluate.on_mismatch=warn).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+from draftsmith.config import Config
+from draftsmith.errors import DraftsmithError
+from draftsmith.evaluate import metrics
+
+SPEC_METRICS = {
+    "vllm:spec_decode_num_drafts": "num_drafts",
+    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
+}
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+def spec_counts(metric_list, k: int) -> dict:
+    """Sum the spec-decode counters (over label sets, e.g. engines) of one get_metrics() call."""
+    counts = {
+        "num_drafts": 0,
+        "num_draft_tokens": 0,
+        "num_accepted_tokens": 0,
+        "accepted_per_pos": [0] * k,
+    }
+    for metric in metric_list:
+        if metric.name in SPEC_METRICS:
+            counts[SPEC_METRICS[metric.name]] += int(metric.value)
+        elif metric.name == PER_POS:
+            for i, v in enumerate(metric.values[:k]):
+                counts["accepted_per_pos"][i] += int(v)
+    return counts
+
+
+def counts_delta(after: dict, before: dict) -> dict:
+    """Counters are cumulative over the LLM's life: the difference is one call's share."""
+    out = {key: after[key] - before[key] for key in SPEC_METRICS.values()}
+    out["accepted_per_pos"] = [
+        a - b for a, b in zip(after["accepted_per_pos"], before["accepted_per_pos"])
+    ]
+    return out
+
+
+def summary_from_counts(
+    counts: dict, k: int, tokens: int, wall: float, base_tokens: int, base_wall: float
+) -> dict:
+    """The leaderboard's row fields from vLLM counters and wall-clock throughput."""
+    per_pos = counts["accepted_per_pos"]
+    # position i is verified whenever position i-1 was accepted (position 0: every draft)
+    reached = [counts["num_drafts"]] + per_pos[:-1]
+    tps = metrics.tokens_per_second(tokens, wall)
+    base_tps = metrics.tokens_per_second(base_tokens, base_wall)
+    drafts = counts["num_drafts"]
+    return {
+        "tokens_generated": tokens,
+        "tokens_proposed": counts["num_draft_tokens"],
+        "tokens_accepted": counts["num_accepted_tokens"],
+        "acceptance_rate": metrics.acceptance_rate(
+            counts["num_accepted_tokens"], counts["num_draft_tokens"]
+        ),
+        "mean_accepted_length": 1.0 + counts["num_accepted_tokens"] / drafts if drafts else None,
+        "per_position_acceptance": metrics.per_position_acceptance(per_pos, reached),
+        "target_forwards": drafts,
+        "tokens_per_s": tps,
+        "target_tokens_per_s": base_tps,
+        "speedup": metrics.speedup(tps, base_tps),
+        "draft_cost_ratio": None,
+        "modelled_speedup": None,
+    }
+
+
+# ----------------------------------------------------------------------------- running vLLM
+
+
+def _import_vllm():
+    try:
+        import vllm
+    except ImportError:
+        raise DraftsmithError(
+            "evaluate.backend: 'vllm' needs vLLM (pip install 'draftsmith[vllm]' on a CUDA machine)"
+        ) from None
+    return vllm
+
+
+def _make_llm(vllm, cfg: Config, target: str, draft: str | None, k: int):
+    v = cfg.evaluate.vllm
+    spec = None
+    if draft is not None:
+        spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
+    return vllm.LLM(
+        model=target,
+        speculative_config=spec,
+        disable_log_stats=False,
+        seed=cfg.run.seed,
+        tensor_parallel_size=v.tensor_parallel_size,
+        max_model_len=v.max_model_len,
+        gpu_memory_utilization=v.gpu_memory_utilization,
+        trust_remote_code=cfg.target.trust_remote_code,
+    )
+
+
+def _release(llm) -> None:
+    del llm
+    gc.collect()
+    try:
+        import torch
+
+        torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001 - best effort between engines
+        pass
+
+
+def _generate_by_category(vllm, llm, prompts: list[dict], cfg: Config, k: int):
+    """{category: (counts, tokens, wall, outputs)}; outputs aligned with that category's prompts."""
+    from vllm.inputs import TokensPrompt
+
+    ev = cfg.evaluate
+    params = vllm.SamplingParams(
+        temperature=ev.temperature,
+        top_p=ev.top_p,
+        top_k=ev.top_k if ev.top_k > 0 else -1,
+        max_tokens=ev.max_new_tokens,
+        seed=cfg.run.seed,
+    )
+    out = {}
+    for cat in sorted({p["category"] for p in prompts}):
+        group = [p for p in prompts if p["category"] == cat]
+        before = spec_counts(llm.get_metrics(), k)
+        start = time.perf_counter()
+        res = llm.generate(
+            [TokensPrompt(prompt_token_ids=p["prompt_ids"]) for p in group], params, use_tqdm=False
+        )
+        wall = time.perf_counter() - start
+        after = spec_counts(llm.get_metrics(), k)
+        toks = [list(r.outputs[0].token_ids) for r in res]
+        out[cat] = (counts_delta(after, before), sum(map(len, toks)), wall, toks)
+    return out
+
+
+def _row(draft: dict, path: str, runs: dict, base: dict, cfg: Config, k: int) -> dict:
+    total = {
+        "num_drafts": 0,
+        "num_draft_tokens": 0,
+        "num_accepted_tokens": 0,
+        "accepted_per_pos": [0] * k,
+    }
+    per_cat, spec_toks, ref_toks = {}, [], []
+    tokens = wall = base_tokens = base_wall = 0
+    for cat, (counts, n_tok, secs, toks) in runs.items():
+        _, b_tok, b_wall, b_out = base[cat]
+        per_cat[cat] = {
+            **summary_from_counts(counts, k, n_tok, secs, b_tok, b_wall),
+            "num_prompts": len(toks),
+        }
+        for key in SPEC_METRICS.values():
+            total[key] += counts[key]
+        total["accepted_per_pos"] = [
+            a + b for a, b in zip(total["accepted_per_pos"], counts["accepted_per_pos"])
+        ]
+        tokens, wall, base_tokens, base_wall = (
+            tokens + n_tok,
+            wall + secs,
+            base_tokens + b_tok,
+            base_wall + b_wall,
+        )
+        spec_toks += toks
+        ref_toks += b_out
+    row = {
+        "checkpoint": draft["name"],
+        "path": path,
+        "step": draft["step"],
+        "num_prompts": len(spec_toks),
+        **summary_from_counts(total, k, tokens, wall, base_tokens, base_wall),
+        "per_category": per_cat,
+        "num_speculative_tokens": k,
+        "temperature": cfg.evaluate.temperature,
+        "backend": "vllm",
+        "lossless_match_rate": None,
+    }
+    if cfg.evaluate.temperature == 0.0:
+        from draftsmith.evaluate.stage import check_lossless
+
+        ids = [{"id": i, "tokens": t} for i, t in enumerate(spec_toks)]
+        refs = [{"id": i, "tokens": t} for i, t in enumerate(ref_toks)]
+        row["lossless_match_rate"] = check_lossless(
+            draft["name"], ids, refs, cfg.evaluate.on_mismatch
+        )
+    return row
+
+
+def vllm_rows(cfg: Config, prompts: list[dict], drafts: list[dict]):
+    """Rows for every draft at evaluate.num_speculative_tokens, the best draft, the k sweep."""
+    from draftsmith.evaluate.stage import _draft_path, pick_best, sweep_entry
+    from draftsmith.models import resolve_model
+
+    vllm = _import_vllm()
+    ev = cfg.evaluate
+    target = resolve_model(cfg.target.model, "target.model")
+    llm = _make_llm(vllm, cfg, target, None, 0)
+    base = _generate_by_category(vllm, llm, prompts, cfg, 0)
+    _release(llm)
+
+    def measure(d: dict, k: int) -> dict:
+        path = _draft_path(d)
+        engine = _make_llm(vllm, cfg, target, path, k)
+        runs = _generate_by_category(vllm, engine, prompts, cfg, k)
+        _release(engine)
+        return _row(d, path, runs, base, cfg, k)
+
+    rows = [measure(d, ev.num_speculative_tokens) for d in drafts]
+    best = pick_best(rows, ev.select_metric)
+    best_draft = next(d for d in drafts if d["name"] == best["checkpoint"])
+    sweep = [
+        sweep_entry(best if k == ev.num_speculative_tokens else measure(best_draft, k))
+        for k in ev.k_sweep
+    ]
+    return rows, best, sweep

@@ -1,0 +1,111 @@
+"""vLLM backend: the metric conversion on CPU with recorded metric objects; the real run on GPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.evaluate import vllm_backend as vb
+
+
+@dataclass
+class Counter:  # mimics vllm.v1.metrics.reader.Counter
+    name: str
+    value: int
+    labels: dict = field(default_factory=dict)
+
+
+@dataclass
+class Vector:  # mimics vllm.v1.metrics.reader.Vector
+    name: str
+    values: list
+    labels: dict = field(default_factory=dict)
+
+
+def _snapshot(drafts, draft_tokens, accepted, per_pos, engines=1):
+    out = [Counter("vllm:generation_tokens", 999)]
+    for e in range(engines):
+        lab = {"engine": str(e)}
+        out += [
+            Counter("vllm:spec_decode_num_drafts", drafts, lab),
+            Counter("vllm:spec_decode_num_draft_tokens", draft_tokens, lab),
+            Counter("vllm:spec_decode_num_accepted_tokens", accepted, lab),
+            Vector("vllm:spec_decode_num_accepted_tokens_per_pos", per_pos, lab),
+        ]
+    return out
+
+
+def test_spec_counts_sum_engines_and_delta():
+    before = vb.spec_counts(_snapshot(2, 6, 3, [2, 1, 0]), k=3)
+    after = vb.spec_counts(_snapshot(12, 36, 21, [10, 7, 4], engines=2), k=3)
+    assert after == {
+        "num_drafts": 24,
+        "num_draft_tokens": 72,
+        "num_accepted_tokens": 42,
+        "accepted_per_pos": [20, 14, 8],
+    }
+    d = vb.counts_delta(after, before)
+    assert d == {
+        "num_drafts": 22,
+        "num_draft_tokens": 66,
+        "num_accepted_tokens": 39,
+        "accepted_per_pos": [18, 13, 8],
+    }
+
+
+def test_summary_from_counts_hand_computed():
+    counts = {
+        "num_drafts": 10,
+        "num_draft_tokens": 30,
+        "num_accepted_tokens": 15,
+        "accepted_per_pos": [8, 5, 2],
+    }
+    s = vb.summary_from_counts(counts, 3, tokens=25, wall=0.5, base_tokens=25, base_wall=1.0)
+    assert s["acceptance_rate"] == 0.5
+    assert s["mean_accepted_length"] == 2.5
+    assert s["per_position_acceptance"] == [0.8, 5 / 8, 2 / 5]
+    assert s["speedup"] == 2.0 and s["target_forwards"] == 10
+    assert s["draft_cost_ratio"] is None and s["modelled_speedup"] is None
+
+
+def test_missing_vllm_is_a_clear_error(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_vllm(name, *a, **kw):
+        if name == "vllm" or name.startswith("vllm."):
+            raise ImportError(name)
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_vllm)
+    with pytest.raises(DraftsmithError, match="evaluate.backend: 'vllm' needs vLLM"):
+        vb._import_vllm()
+
+
+@pytest.mark.gpu
+def test_vllm_backend_perfect_draft(tmp_path):
+    pytest.importorskip("vllm")
+    from draftsmith.config import config_from_dict
+    from draftsmith.evaluate.prompts import list_drafts
+    from draftsmith.models import resolve_model
+
+    target = resolve_model("smollm2-135m-instruct")
+    cfg = config_from_dict(
+        {
+            "run": {"output_dir": str(tmp_path)},
+            "target": {"model": target},
+            "evaluate": {
+                "backend": "vllm",
+                "baselines": [target],
+                "k_sweep": [2],
+                "max_new_tokens": 32,
+                "on_mismatch": "warn",
+            },
+        }
+    )
+    prompts = [{"id": "a", "category": "x", "prompt_ids": [1, 504, 3458, 314]}]
+    rows, best, sweep = vb.vllm_rows(cfg, prompts, list_drafts(tmp_path, [target]))
+    assert rows[0]["acceptance_rate"] > 0.9 and sweep[0]["k"] == 2

@@ -1,0 +1,82 @@
+"""Metrics against hand-computed cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftsmith.evaluate import metrics as m
+
+
+def _res(tokens, proposed, accepted, acc_at, reached_at, forwards, wall, **kw):
+    base = dict(
+        tokens=tokens,
+        proposed=proposed,
+        accepted=accepted,
+        accepted_at=acc_at,
+        reached_at=reached_at,
+        target_forwards=forwards,
+        wall_time=wall,
+        draft_1tok_time=0.0,
+        draft_1tok_n=0,
+        target_1tok_time=0.0,
+        target_1tok_n=0,
+        target_verify_time=0.0,
+        target_verify_n=0,
+        category="c",
+    )
+    base.update(kw)
+    return base
+
+
+def test_modelled_speedup_closed_form():
+    # a = 0.5, k = 2, c = 0.25: (1 - 0.125) / (0.5 * 1.5) = 1.1666...
+    assert m.modelled_speedup(0.5, 2, 0.25) == pytest.approx(0.875 / 0.75)
+    assert m.modelled_speedup(1.0, 4, 0.0) == 5.0  # perfect free draft: k+1 tokens a forward
+    assert m.modelled_speedup(1.0, 3, 0.5) == pytest.approx(4 / 2.5)
+    assert m.modelled_speedup(0.0, 4, 0.1) == pytest.approx(1 / 1.4)
+    assert m.modelled_speedup(None, 4, 0.1) is None
+    assert m.expected_tokens_per_round(0.5, 1) == pytest.approx(1.5)
+
+
+def test_basic_ratios():
+    assert m.acceptance_rate(3, 4) == 0.75 and m.acceptance_rate(0, 0) is None
+    assert m.mean_accepted_length(10, 4) == 2.5
+    assert m.per_position_acceptance([4, 2, 1], [5, 4, 2]) == [0.8, 0.5, 0.5]
+    assert m.per_position_acceptance([0], [0]) == [None]
+    assert m.speedup(30.0, 20.0) == 1.5 and m.speedup(30.0, 0.0) is None
+    assert m.draft_cost_ratio(0.2, 10, 1.0, 10) == pytest.approx(0.2)
+    assert m.draft_cost_ratio(0.2, 0, 1.0, 10) is None
+
+
+def test_summarize_hand_computed():
+    # prompt A: k=2, rounds: accept 2 (+bonus), accept 0 (+fix) -> 4 tokens, 2 forwards
+    # prompt B: k=2, one round accepting 1 (+fix) -> 2 tokens, 1 forward
+    spec = [
+        _res([1, 2, 3, 4], 4, 2, [1, 1], [2, 1], 2, 0.4, draft_1tok_time=0.04, draft_1tok_n=4),
+        _res([5, 6], 2, 1, [1, 0], [1, 1], 1, 0.2, draft_1tok_time=0.02, draft_1tok_n=2),
+    ]
+    base = [
+        _res([1, 2, 3, 4], 0, 0, [], [], 4, 0.8, target_1tok_time=0.8, target_1tok_n=4),
+        _res([5, 6], 0, 0, [], [], 2, 0.4, target_1tok_time=0.4, target_1tok_n=2),
+    ]
+    s = m.summarize(spec, base, k=2)
+    assert s["tokens_proposed"] == 6 and s["tokens_accepted"] == 3
+    assert s["acceptance_rate"] == 0.5
+    assert s["mean_accepted_length"] == 2.0  # 6 tokens / 3 forwards
+    assert s["per_position_acceptance"] == [2 / 3, 0.5]
+    assert s["tokens_per_s"] == pytest.approx(10.0) and s["target_tokens_per_s"] == pytest.approx(
+        5.0
+    )
+    assert s["speedup"] == pytest.approx(2.0)
+    assert s["draft_cost_ratio"] == pytest.approx(0.01 / 0.2)
+    assert s["modelled_speedup"] == pytest.approx(m.modelled_speedup(0.5, 2, 0.05))
+    cats = m.per_category(spec, base, ["x", "y"], k=2)
+    assert cats["x"]["acceptance_rate"] == 0.5 and cats["y"]["acceptance_rate"] == 0.5
+    assert cats["y"]["mean_accepted_length"] == 2.0 and cats["x"]["num_prompts"] == 1
+
+
+def test_lossless_helpers():
+    assert m.first_mismatch([1, 2, 3], [1, 2, 3]) is None
+    assert m.first_mismatch([1, 2, 3], [1, 5, 3]) == 1
+    assert m.first_mismatch([1, 2], [1, 2, 3]) == 2
+    assert m.lossless_match_rate([[1], [2], [3], [4]], [[1], [2], [0], [4]]) == 0.75
