@@ -149,14 +149,17 @@ def _build_tiny(dest: Path) -> None:
     torch.manual_seed(1234)  # the registry model is the same on every machine
     cfg = tiny_llama_config(
         len(tok),
+        # Untied head and large embeddings: a random tied model collapses onto one repeated
+        # token, which would make every draft "perfect"; this one writes varied text.
+        tie_word_embeddings=False,
+        max_position_embeddings=2048,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
     )
     model = LlamaForCausalLM(cfg)
-    # A random model rarely emits EOS; scale the head so greedy outputs vary by prompt.
     with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(8.0)
+        model.model.embed_tokens.weight.mul_(4.0)
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(dest, safe_serialization=True)
     tok.save_pretrained(dest)
