@@ -177,9 +177,8 @@ def make_backend(cfg: Config, tokenizer, model_path: str):
     if cfg.data.backend == "vllm":
         from transformers import GenerationConfig
 
-        from draftsmith.data.vllm_backend import VllmBackend, import_vllm
+        from draftsmith.data.vllm_backend import VllmBackend
 
-        import_vllm()  # fail before anything else when vLLM is missing
         try:
             gen = GenerationConfig.from_pretrained(model_path)
         except OSError:
@@ -368,6 +367,10 @@ def run_generate(cfg: Config) -> None:
         return
     from draftsmith.models import load_tokenizer
 
+    if cfg.data.backend == "vllm":
+        from draftsmith.data.vllm_backend import import_vllm
+
+        import_vllm()  # a missing vLLM is a user error: say so before anything is written
     model_path, model_config = load_target_config(cfg)
     tokenizer = load_tokenizer(
         cfg.target.model,

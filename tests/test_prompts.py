@@ -199,3 +199,28 @@ def test_dedupe_keeps_first():
     kept, dropped = dedupe([a, b])
     assert kept == [a] and dropped == 1
     assert balanced_take([a], 5, 0) == [a]
+
+
+def test_hub_source_goes_through_load_dataset(monkeypatch):
+    calls = []
+
+    def fake_load_dataset(name, split):
+        calls.append((name, split))
+        return datasets.Dataset.from_list([{"question": "Hub prompt?", "topic": "qa"}])
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    src = PromptSource(
+        hub="org/prompts", hub_split="test", prompt_field="question", category_field="topic"
+    )
+    (p,) = load_source(src, 0)
+    assert calls == [("org/prompts", "test")]
+    assert (p.key, p.category, p.source) == ("Hub prompt?", "qa", "org/prompts")
+
+    def offline(name, split):
+        raise ConnectionError("Couldn't reach the Hugging Face Hub\nmore detail")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(
+        DraftsmithError, match=r"^org/prompts: cannot load hub dataset: Couldn't reach"
+    ):
+        load_source(src, 0)
