@@ -209,10 +209,10 @@ def test_load_helpers_name_the_missing_path(tmp_path):
 
 
 KILL_OVERRIDES = (
-    "data.max_train_prompts=12",
-    "data.shard_size=3",
+    "data.max_train_prompts=8",
+    "data.shard_size=2",
     "data.batch_size=1",
-    "data.max_new_tokens=64",
+    "data.max_new_tokens=32",
     "data.topk_logprobs=4",
 )
 
@@ -247,7 +247,7 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path, tiny_model_d
     run_generate(tiny_cfg(clean, *KILL_OVERRIDES))
 
     a, b = load_train_dataset(killed), load_train_dataset(clean)
-    assert Counter(a["prompt_id"]) == Counter(b["prompt_id"]) and len(set(a["prompt_id"])) == 12
+    assert Counter(a["prompt_id"]) == Counter(b["prompt_id"]) and len(set(a["prompt_id"])) == 8
     assert a.to_dict() == b.to_dict()  # same shards, same batches: exactly equal
 
 
