@@ -30,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from draftsmith.config import Config
+from draftsmith.data import load_train_dataset
 from draftsmith.distill.batching import (
     Batch,
     BatchPlan,
@@ -86,24 +87,6 @@ class Trainer:
 
 
 # ----------------------------------------------------------------------------- data
-
-
-def load_train(output_dir: Path):
-    """The generate stage's dataset (draftsmith.data.load_train_dataset when it exists)."""
-    try:
-        from draftsmith.data import load_train_dataset
-    except ImportError:  # generate not landed yet: the same contract, read directly
-        load_train_dataset = _load_train_dataset
-    return load_train_dataset(output_dir)
-
-
-def _load_train_dataset(output_dir: Path):
-    import datasets
-
-    path = Path(output_dir) / "data" / "dataset"
-    if not path.is_dir():
-        raise DraftsmithError(f"{path}: no training data; run `draftsmith generate CONFIG` first")
-    return datasets.load_from_disk(str(path))
 
 
 def make_batches(tr: Trainer, step: int, on_policy: bool) -> list[Batch]:
@@ -294,7 +277,7 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
     need_topk = loss_name != "ce" and dcfg.teacher == "offline"
-    data = TrainData(load_train(cfg.output_dir), dcfg.max_seq_len, need_topk)
+    data = TrainData(load_train_dataset(cfg.output_dir), dcfg.max_seq_len, need_topk)
     target_tok = load_tokenizer(cfg.target.model, key="target.model")
     target = None
     if _uses_target(cfg, loss_name) or resume is None:

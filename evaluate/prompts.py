@@ -2,33 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from draftsmith.data import load_eval_prompts
+from draftsmith.distill import list_checkpoints
 from draftsmith.errors import DraftsmithError
 
 
-def _read_eval_prompts(output_dir: Path) -> list[dict]:
-    """The generate stage's contract, read directly (used when draftsmith.data lacks a reader)."""
-    path = Path(output_dir) / "data" / "eval_prompts.jsonl"
-    if not path.is_file():
-        raise DraftsmithError(f"{path}: no eval prompts; run `draftsmith generate CONFIG` first")
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines()):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            raise DraftsmithError(f"{path}: line {i + 1} is not valid JSON") from None
-    return rows
-
-
 def load_prompts(output_dir: Path) -> list[dict]:
-    try:
-        from draftsmith.data import load_eval_prompts
-    except ImportError:
-        load_eval_prompts = _read_eval_prompts
     prompts = load_eval_prompts(output_dir)
     path = Path(output_dir) / "data" / "eval_prompts.jsonl"
     if not prompts:
@@ -62,15 +43,16 @@ def select_prompts(prompts: list[dict], limit: int | None) -> list[dict]:
     return sorted(picked, key=lambda p: order[id(p)])
 
 
-def list_drafts(output_dir: Path, baselines: list[str]) -> list[dict]:
-    """Every checkpoint-<step> (by step), then each evaluate.baselines entry."""
-    try:
-        from draftsmith.distill import list_checkpoints
-    except ImportError:  # pragma: no cover - distill ships it
-        list_checkpoints = None
+def list_drafts(output_dir: Path, baselines: list[str], ce_baseline: bool = False) -> list[dict]:
+    """Every checkpoint-<step> (by step), the CE twin's last checkpoint, then evaluate.baselines."""
     ckpt_dir = Path(output_dir) / "checkpoints"
-    found = list_checkpoints(ckpt_dir) if list_checkpoints else []
-    drafts = [{"name": p.name, "ref": str(p), "step": step} for step, p in found]
+    drafts = [{"name": p.name, "ref": str(p), "step": step} for step, p in list_checkpoints(ckpt_dir)]
+    if ce_baseline:
+        # distill.ce_baseline: same data, steps and init, plain cross-entropy (distill/stage.py)
+        twin = list_checkpoints(Path(output_dir) / "ablations" / "ce")
+        if twin:
+            step, path = twin[-1]
+            drafts.append({"name": f"ce-{path.name}", "ref": str(path), "step": None})
     for i, ref in enumerate(baselines):
         path = Path(ref).expanduser()
         name = path.name if path.exists() else ref

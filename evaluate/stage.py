@@ -337,7 +337,7 @@ def run_evaluate(cfg: Config) -> None:
     clean_stale_temps(eval_dir)
     clean_stale_temps(results_dir)
     prompts = select_prompts(load_prompts(cfg.output_dir), ev.max_prompts)
-    drafts = list_drafts(cfg.output_dir, ev.baselines)
+    drafts = list_drafts(cfg.output_dir, ev.baselines, cfg.distill.ce_baseline)
     if ev.backend == "vllm":
         from draftsmith.evaluate.vllm_backend import vllm_rows
 
