@@ -46,7 +46,9 @@ def select_prompts(prompts: list[dict], limit: int | None) -> list[dict]:
 def list_drafts(output_dir: Path, baselines: list[str], ce_baseline: bool = False) -> list[dict]:
     """Every checkpoint-<step> (by step), the CE twin's last checkpoint, then evaluate.baselines."""
     ckpt_dir = Path(output_dir) / "checkpoints"
-    drafts = [{"name": p.name, "ref": str(p), "step": step} for step, p in list_checkpoints(ckpt_dir)]
+    drafts = [
+        {"name": p.name, "ref": str(p), "step": step} for step, p in list_checkpoints(ckpt_dir)
+    ]
     if ce_baseline:
         # distill.ce_baseline: same data, steps and init, plain cross-entropy (distill/stage.py)
         twin = list_checkpoints(Path(output_dir) / "ablations" / "ce")

@@ -19,8 +19,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def draftsmith(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "draftsmith.cli", *args], capture_output=True,
-                          text=True, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "draftsmith.cli", *args], capture_output=True, text=True, cwd=REPO
+    )
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,9 @@ def test_run_writes_every_artifact(tiny_run):
     cfg = load_config(tiny_run / "config.yaml")
     assert cfg.run.output_dir == str(tiny_run)
     assert (tiny_run / "data" / "dataset").is_dir() and (tiny_run / "data" / "meta.json").is_file()
-    steps = sorted(int(p.name.split("-")[1]) for p in (tiny_run / "checkpoints").glob("checkpoint-*"))
+    steps = sorted(
+        int(p.name.split("-")[1]) for p in (tiny_run / "checkpoints").glob("checkpoint-*")
+    )
     assert steps[0] == 0 and steps[-1] == cfg.distill.max_steps
 
     board = json.loads((tiny_run / "eval" / "leaderboard.json").read_text())
@@ -53,8 +56,11 @@ def test_export_loads_and_serves_as_assistant_model(tiny_run):
     out = tiny_run / "export"
     board = json.loads((tiny_run / "eval" / "leaderboard.json").read_text())
     spec = json.loads((out / "speculative_config.json").read_text())
-    assert spec == {"method": "draft_model", "model": str(out.resolve()),
-                    "num_speculative_tokens": board["recommended_k"]}
+    assert spec == {
+        "method": "draft_model",
+        "model": str(out.resolve()),
+        "num_speculative_tokens": board["recommended_k"],
+    }
     assert not list(out.glob("*.pt")), "train state must not be exported"
     card = (out / "README.md").read_text()
     best = next(r for r in board["rows"] if r["checkpoint"] == board["best"])
@@ -101,6 +107,9 @@ def test_export_refuses_existing_dir_and_unknown_checkpoint(tiny_run):
 def test_export_without_leaderboard_is_one_line(tmp_path):
     proc = draftsmith("export", "configs/tiny.yaml", f"run.output_dir={tmp_path / 'empty'}")
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1].endswith(
-        "no leaderboard yet; run `draftsmith evaluate CONFIG` first")
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .endswith("no leaderboard yet; run `draftsmith evaluate CONFIG` first")
+    )
     assert not (tmp_path / "empty" / "export").exists()
