@@ -1,9 +1,17 @@
-"""The `transformers` backend: batched `model.generate` with left padding, bucketed by length.
+"""The `transformers` backend: a batched decode loop over the model's forward, bucketed by length.
 
-Prompts are sorted by length before batching so each batch pads little; the
-results come back in the caller's order. Top-k teacher log-probs come from the
-same forward passes that generate (`output_logits=True`: the raw logits, before
-temperature/top-p warpers), log-softmaxed at temperature 1 -- no second pass.
+Why not `model.generate`: on a CPU, profiling SmolLM2-135M at batch 32 showed a quarter
+of generate's time in torch.cat growing the KV cache and every finished row decoded on
+as padding until the whole batch ends. This loop keeps the cache in preallocated buffers
+(draftsmith/kv_cache.py) and drops a row from the batch as soon as it emits EOS, so the
+batch shrinks as rows finish. Greedy output equals `generate`'s (tested); sampling uses
+the same temperature/top-k/top-p rule as the speculative engine (draftsmith/sampling.py)
+with a per-batch seeded generator, so a resumed shard repeats its samples.
+
+Prompts are sorted by length before batching so each batch pads little; the results come
+back in the caller's order. Top-k teacher log-probs come from the same forward passes that
+decode (the raw logits, before temperature/top-p), log-softmaxed at temperature 1 -- no
+second pass.
 """
 
 from __future__ import annotations
@@ -11,10 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from transformers import GenerationConfig
 
 from draftsmith.config import DataConfig
-from draftsmith.data.completion import Completion, cut_at_eos, eos_ids_of
+from draftsmith.data.completion import Completion, eos_ids_of
+from draftsmith.kv_cache import cache_kwarg, new_cache
+from draftsmith.sampling import SamplingConfig, sampling_probs
 
 
 def length_buckets(lengths: list[int], batch_size: int) -> list[list[int]]:
@@ -34,29 +43,93 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask
 
 
-def generation_config(dcfg: DataConfig, pad_id: int, eos_ids: set[int]) -> GenerationConfig:
-    sample = dcfg.temperature > 0
-    kw = dict(temperature=dcfg.temperature, top_p=dcfg.top_p, top_k=dcfg.top_k) if sample else {}
-    return GenerationConfig(
-        max_new_tokens=dcfg.max_new_tokens,
-        do_sample=sample,
-        num_return_sequences=dcfg.n,
-        pad_token_id=pad_id,
-        eos_token_id=sorted(eos_ids),
-        output_logits=dcfg.topk_logprobs > 0,
-        return_dict_in_generate=True,
-        **kw,
-    )
+class _Rows:
+    """The rows still decoding: their original index, mask, next position and outputs."""
+
+    def __init__(self, mask: torch.Tensor, topk: int):
+        n = mask.shape[0]
+        self.index = list(range(n))  # live row j is original row index[j]
+        self.mask = mask  # (B', T) attention mask of the live rows
+        self.next_pos = mask.sum(-1)  # (B',) position id of each row's next token
+        self.tokens: list[list[int]] = [[] for _ in range(n)]
+        self.topk_ids: list[list[list[int]]] | None = [[] for _ in range(n)] if topk else None
+        self.topk_lps: list[list[list[float]]] | None = [[] for _ in range(n)] if topk else None
+
+    def record(self, chosen: list[int], top: tuple[torch.Tensor, torch.Tensor] | None):
+        ids, lps = (top[1].tolist(), top[0].tolist()) if top is not None else (None, None)
+        for j, r in enumerate(self.index):
+            self.tokens[r].append(chosen[j])
+            if ids is not None:
+                self.topk_ids[r].append(ids[j])
+                self.topk_lps[r].append(lps[j])
+
+    def keep(self, live: list[int], cache) -> None:
+        """Drop every row not in `live` (positions in the current batch) from batch and cache."""
+        idx = torch.tensor(live, device=self.mask.device)
+        cache.batch_select_indices(idx)
+        self.index = [self.index[j] for j in live]
+        self.mask, self.next_pos = self.mask[idx], self.next_pos[idx]
 
 
-def topk_from_logits(logits: tuple[torch.Tensor, ...], k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-step raw logits [(N, V)] * S -> (ids, logprobs), both (N, S, k), at temperature 1."""
-    ids, vals = [], []
-    for step in logits:  # one step at a time: never hold (N, S, V) log-probs
-        v, i = torch.log_softmax(step.float(), dim=-1).topk(k, dim=-1)  # (N, k)
-        ids.append(i)
-        vals.append(v)
-    return torch.stack(ids, 1).cpu(), torch.stack(vals, 1).cpu()
+@torch.no_grad()
+def decode_batch(
+    model,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    eos_ids: set[int],
+    pad_id: int,
+    topk: int = 0,
+    generator: torch.Generator | None = None,
+) -> list[Completion]:
+    """Decode every prompt (left-padded into one batch) -> one Completion per prompt."""
+    device = next(model.parameters()).device
+    ids, mask = left_pad(prompts, pad_id)  # (B, P)
+    ids, mask = ids.to(device), mask.to(device)
+    cache, kw = new_cache(model), cache_kwarg(model)
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)  # padding's positions are masked anyway
+    logits = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=pos,
+        use_cache=True,
+        logits_to_keep=1,
+        **{kw: cache},
+    ).logits[:, -1]  # (B, V)
+    rows = _Rows(mask, topk)
+    for step in range(max_new_tokens):
+        if sampling.greedy:
+            chosen = logits.argmax(-1)  # (B',)
+        else:
+            probs = sampling_probs(logits, sampling)
+            chosen = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        top = torch.log_softmax(logits.float(), -1).topk(topk, -1) if topk else None
+        picked = chosen.tolist()
+        rows.record(picked, top)
+        live = [j for j, t in enumerate(picked) if t not in eos_ids]
+        if not live or step == max_new_tokens - 1:
+            break
+        if len(live) < len(picked):
+            rows.keep(live, cache)
+            chosen = chosen[torch.tensor(live, device=device)]
+        rows.mask = torch.cat([rows.mask, rows.mask.new_ones(len(live), 1)], -1)
+        logits = model(
+            input_ids=chosen[:, None],
+            attention_mask=rows.mask,
+            position_ids=rows.next_pos[:, None],
+            use_cache=True,
+            logits_to_keep=1,
+            **{kw: cache},
+        ).logits[:, -1]
+        rows.next_pos = rows.next_pos + 1
+    out = []
+    for r, toks in enumerate(rows.tokens):
+        c = Completion(toks, "stop" if toks and toks[-1] in eos_ids else "length")
+        if topk:
+            c.topk_ids, c.topk_logprobs = rows.topk_ids[r], rows.topk_lps[r]
+        out.append(c)
+    return out
 
 
 class HFBackend:
@@ -66,30 +139,25 @@ class HFBackend:
         self.model, self.dcfg = model, dcfg
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.eos_ids = eos_ids_of(tokenizer, model.generation_config)
-        self.gen_cfg = generation_config(dcfg, self.pad_id, self.eos_ids)
+        self.sampling = SamplingConfig(dcfg.temperature, dcfg.top_p, dcfg.top_k)
 
-    @torch.no_grad()
     def generate_batch(self, prompts: list[list[int]], seed: int) -> list[list[Completion]]:
-        """One padded batch -> per prompt, its n completions."""
-        ids, mask = left_pad(prompts, self.pad_id)
-        torch.manual_seed(seed)  # sampling is reproducible per batch, so a resume repeats it
-        out = self.model.generate(
-            input_ids=ids.to(self.model.device),
-            attention_mask=mask.to(self.model.device),
-            generation_config=self.gen_cfg,
-        )
-        new = out.sequences[:, ids.shape[1] :].cpu()  # (B*n, S)
-        k = self.dcfg.topk_logprobs
-        top_ids, top_lp = topk_from_logits(out.logits, k) if k else (None, None)
-        rows = []
-        for r in range(new.shape[0]):
-            length, reason = cut_at_eos(new[r].tolist(), self.eos_ids)
-            c = Completion(new[r, :length].tolist(), reason)
-            if k:
-                c.topk_ids = top_ids[r, :length].tolist()
-                c.topk_logprobs = top_lp[r, :length].tolist()
-            rows.append(c)
+        """One padded batch -> per prompt, its n completions (rows prompt-major)."""
         n = self.dcfg.n
+        generator = None
+        if not self.sampling.greedy:  # seeded per batch, so a resumed shard repeats its samples
+            device = next(self.model.parameters()).device
+            generator = torch.Generator(device=device).manual_seed(seed)
+        rows = decode_batch(
+            self.model,
+            [p for p in prompts for _ in range(n)],
+            max_new_tokens=self.dcfg.max_new_tokens,
+            sampling=self.sampling,
+            eos_ids=self.eos_ids,
+            pad_id=self.pad_id,
+            topk=self.dcfg.topk_logprobs,
+            generator=generator,
+        )
         return [rows[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def generate(

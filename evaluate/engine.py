@@ -24,28 +24,17 @@ c = mean draft 1-token forward / mean target 1-token forward can be measured.
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
 
+from draftsmith.kv_cache import cache_kwarg, new_cache
+from draftsmith.sampling import SamplingConfig, sampling_probs
+
 # verify_fn(p (k+1, V), q (k, V), drafted (k,), generator) -> (num_accepted, next_token)
 VerifyFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], tuple[int, int]]
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    """Applied identically to target and draft. temperature 0 means greedy."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 @dataclass
@@ -74,23 +63,6 @@ class DecodeResult:
 
 
 # ----------------------------------------------------------------------------- sampling
-
-
-def sampling_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-    """Temperature, then top-k, then top-p (nucleus), then softmax. (..., V) -> (..., V) fp32."""
-    logits = logits.float() / sampling.temperature
-    vocab = logits.shape[-1]
-    if 0 < sampling.top_k < vocab:
-        kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if sampling.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        sorted_probs = sorted_logits.softmax(-1)
-        # drop a token when the tokens ranked above it already cover top_p (the first always stays)
-        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= sampling.top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits.softmax(-1)
 
 
 def rejection_sample(
@@ -142,12 +114,6 @@ def eos_token_ids(tokenizer=None, model=None) -> set[int]:
     return ids
 
 
-def _cache_kwarg(model) -> str:
-    """transformers 5.x names the KV cache argument `cache`; 4.x names it `past_key_values`."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
 class SpeculativeDecoder:
     """Speculative decoding of one prompt at a time; `draft=None` is the target-only baseline."""
 
@@ -157,19 +123,19 @@ class SpeculativeDecoder:
         draft=None,
         *,
         k: int = 4,
-        sampling: SamplingConfig = SamplingConfig(),
+        sampling: SamplingConfig | None = None,
         eos_ids: Iterable[int] = (),
         verify_fn: VerifyFn | None = None,
     ):
         self.target, self.draft = target, draft
         self.k = k if draft is not None else 0
-        self.sampling = sampling
+        self.sampling = sampling or SamplingConfig()
         self.eos_ids = set(eos_ids)
         self.verify_fn = verify_fn or rejection_sample
         self.device = next(target.parameters()).device
         self._sync = self.device.type == "cuda"
-        self._target_kw = _cache_kwarg(target)
-        self._draft_kw = _cache_kwarg(draft) if draft is not None else None
+        self._target_kw = cache_kwarg(target)
+        self._draft_kw = cache_kwarg(draft) if draft is not None else None
         # a draft may carry padding rows past the target's vocabulary: never propose those
         self.vocab = target.config.get_text_config().vocab_size
 
@@ -187,9 +153,7 @@ class SpeculativeDecoder:
         return logits, time.perf_counter() - start
 
     def _new_cache(self, model):
-        from transformers import DynamicCache
-
-        return DynamicCache(config=model.config)
+        return new_cache(model)
 
     def _prefill(self, model, kw: str, cache, prompt: list[int]) -> None:
         """Fill the cache with all prompt tokens but the last (the first round feeds that one)."""

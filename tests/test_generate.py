@@ -86,6 +86,31 @@ def test_batched_greedy_equals_one_prompt_at_a_time(model, tok):
     assert len({tuple(c[0].token_ids) for c in batched}) == len(prompts)  # outputs vary by prompt
 
 
+def test_greedy_equals_transformers_generate_with_rows_ending_early(model, tok):
+    """The decode loop drops rows at EOS and grows its cache in place; the text must not move."""
+    prompts = prompts_of(tok)
+    free = [c[0].token_ids for c in backend(model, tok, batch_size=8).generate(prompts, seed=0)]
+    eos = free[1][3]  # some rows stop early, others run to max_new_tokens
+    ids, mask = left_pad(prompts, tok.pad_token_id)
+    ref = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=12,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=tok.pad_token_id,
+    )[:, ids.shape[1] :].tolist()
+    model.generation_config.eos_token_id = eos
+    try:
+        got = backend(model, tok, batch_size=8).generate(prompts, seed=0)
+    finally:
+        model.generation_config.eos_token_id = tok.eos_token_id
+    for r, comps in zip(ref, got):
+        expected = r[: r.index(eos) + 1] if eos in r else r
+        assert comps[0].token_ids == expected
+    assert {c[0].finish_reason for c in got} == {"stop", "length"}
+
+
 def test_topk_logprobs_are_the_teacher_distribution_for_each_completion_token(model, tok):
     k = 6
     prompts = prompts_of(tok)
