@@ -248,6 +248,14 @@ def load_draft(cfg: Config, resume: Path | None, target, target_tok, device):
     return draft, load_tokenizer(str(resume), key="distill.resume"), read_meta(resume)["init"]
 
 
+def trainable_parameters(draft, freeze_embeddings: bool) -> list:
+    """The parameters the optimizer updates; frozen embeddings (and a tied head) get no grad."""
+    if freeze_embeddings:
+        draft.get_input_embeddings().weight.requires_grad_(False)
+        draft.get_output_embeddings().weight.requires_grad_(False)
+    return [p for p in draft.parameters() if p.requires_grad]
+
+
 def describe(draft, target_config, say) -> dict:
     """Print and return the draft's size and its FLOPs/token relative to the target."""
     from transformers import AutoModelForCausalLM
@@ -298,7 +306,11 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
         target.requires_grad_(False)
         teacher = CompletionLogits(target.eval())
     del target  # offline/CE: the target is not kept in memory
-    optimizer = torch.optim.AdamW(draft.parameters(), lr=dcfg.lr, weight_decay=dcfg.weight_decay)
+    optimizer = torch.optim.AdamW(
+        trainable_parameters(draft, dcfg.freeze_embeddings),
+        lr=dcfg.lr,
+        weight_decay=dcfg.weight_decay,
+    )
     scheduler = get_cosine_schedule_with_warmup(optimizer, dcfg.warmup_steps, dcfg.max_steps)
     model, optimizer = acc.prepare(CompletionLogits(draft), optimizer)
     meta = {

@@ -139,6 +139,10 @@ class DistillConfig:
     max_grad_norm: float = field(default=1.0, metadata=_range(gt=0))
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"  # auto: bf16 where supported
     max_seq_len: int | None = field(default=None, metadata=_range(ge=2))
+    # Keep the token embeddings (and the LM head they are tied to) as the target's: the
+    # head's weight gradient is the costliest matmul of a small draft's step, and a frozen
+    # head keeps the logits of tokens the training data never shows where the target put them.
+    freeze_embeddings: bool = False
     save_every: int = field(default=50, metadata=_range(ge=1))
     keep_last: int | None = field(default=None, metadata=_range(ge=1))
     log_every: int = field(default=10, metadata=_range(ge=1))

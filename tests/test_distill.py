@@ -114,6 +114,19 @@ def test_offline_teacher_trains_without_the_target(tmp_path, target_dir, data_di
     assert len(hist) == 3 and all(h > 0 for h in hist)
 
 
+def test_freeze_embeddings_trains_the_layers_only(tmp_path, target_dir, data_dir):
+    out = _run_dir(tmp_path, data_dir)
+    cfg = make_cfg(out, target_dir, teacher="offline", max_steps=2, save_every=2, lr=3e-3)
+    cfg.distill.freeze_embeddings = True
+    run_distill(cfg)
+    before = load_file(out / "checkpoints" / "checkpoint-0" / "model.safetensors")
+    after = load_file(out / "checkpoints" / "checkpoint-2" / "model.safetensors")
+    frozen = {"model.embed_tokens.weight", "lm_head.weight"} & set(before)
+    assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)  # the target's
+    moved = [k for k in before if k not in frozen and not torch.equal(before[k], after[k])]
+    assert any(".mlp." in k for k in moved) and any(".self_attn." in k for k in moved)
+
+
 def test_keep_last_and_resume_never(tmp_path, target_dir, data_dir):
     out = _run_dir(tmp_path, data_dir)
     cfg = make_cfg(out, target_dir, max_steps=4, save_every=1, keep_last=2)
