@@ -137,11 +137,14 @@ k = {row.get("num_speculative_tokens")}, temperature {row.get("temperature")}.
 
 | metric | value |
 |---|---|
-| acceptance rate | {_fmt(row.get("acceptance_rate"))} |
+| acceptance rate (accepted / proposed drafts) | {_fmt(row.get("acceptance_rate"))} |
+| alpha (accepted / verified drafts, per-token acceptance) | {_fmt(row.get("alpha"))} |
 | mean accepted length (tokens per target forward) | {_fmt(row.get("mean_accepted_length"), 2)} |
 | measured speedup over target-only decoding | {_fmt(row.get("speedup"), 2)}x |
-| modelled speedup | {_fmt(row.get("modelled_speedup"), 2)}x |
-| draft cost ratio (draft forward / target forward) | {_fmt(row.get("draft_cost_ratio"))} |
+| modelled speedup (verify forward = 1 target forward) | {_fmt(row.get("modelled_speedup"), 2)}x |
+| modelled speedup (measured verify cost) | {_fmt(row.get("modelled_speedup_verify"), 2)}x |
+| draft cost ratio c (draft forward / target forward) | {_fmt(row.get("draft_cost_ratio"))} |
+| verify cost ratio v ((k+1)-token / 1-token target forward) | {_fmt(row.get("verify_cost_ratio"), 2)} |
 | lossless check (greedy output == target's own) | {_fmt(lossless)} {"(pass)" if lossless == 1.0 else "(FAIL)"} |
 
 Per-position acceptance (given the position was reached): {positions}

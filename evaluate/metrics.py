@@ -2,14 +2,23 @@
 
 Definitions (sums over prompts, so long prompts weigh by their tokens, not one vote each):
     acceptance rate          accepted draft tokens / proposed draft tokens
+    alpha                    accepted draft tokens / draft tokens the target verified: the
+                             per-token acceptance probability of Leviathan et al. 2023. A
+                             round stops at its first rejection, so the drafts after it are
+                             proposed but never judged; accepted / proposed is therefore
+                             lower (alpha 0.36 reads as 0.14 at k = 4)
     mean accepted length     tokens emitted / target forwards (>= 1; 1 for target-only decoding)
     per-position acceptance  P(position i accepted | positions < i accepted), i = 1..k
     tokens/s                 tokens emitted / wall seconds
     speedup                  speculative tokens/s / target-only tokens/s on the same prompts
     draft cost ratio c       mean 1-token draft forward / mean 1-token target forward
-    modelled speedup         (1 - a^(k+1)) / ((1 - a)(k c + 1)), Leviathan et al. 2023, eq. 1
-                             with a the acceptance rate: expected tokens per round over the
-                             cost of a round in target forwards (verify cost taken as 1)
+    verify cost ratio v      mean (k+1)-token verify forward / mean 1-token target forward
+    modelled speedup         (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)), Leviathan et al. 2023,
+                             eq. 1: expected tokens per round over the cost of a round in
+                             target forwards, a verify forward costing as much as a 1-token one
+    modelled speedup (v)     the same with the measured verify cost: (...) / (k c + v). On a GPU
+                             v is close to 1; on a CPU a (k+1)-token forward costs more than a
+                             1-token one, and this is the figure the measured speedup tracks
 """
 
 from __future__ import annotations
@@ -46,13 +55,20 @@ def speedup(spec_tokens_per_s: float | None, target_tokens_per_s: float | None) 
     return spec_tokens_per_s / target_tokens_per_s
 
 
-def draft_cost_ratio(
-    draft_time: float, draft_n: int, target_time: float, target_n: int
-) -> float | None:
-    """Mean draft forward time over mean target forward time (both single-token)."""
-    if not draft_n or not target_n or not target_time:
+def cost_ratio(time: float, n: int, base_time: float, base_n: int) -> float | None:
+    """Mean forward time over the mean 1-token target forward time (draft c, or verify v)."""
+    if not n or not base_n or not base_time:
         return None
-    return (draft_time / draft_n) / (target_time / target_n)
+    return (time / n) / (base_time / base_n)
+
+
+def alpha(accepted_at: Sequence[int], reached_at: Sequence[int]) -> float | None:
+    """Per-token acceptance probability: accepted drafts / drafts the target verified.
+
+    Pooled over positions, this is the maximum-likelihood alpha of the i.i.d. model behind
+    the modelled speedup (each verified draft accepted with probability alpha).
+    """
+    return _ratio(sum(accepted_at), sum(reached_at))
 
 
 def expected_tokens_per_round(a: float, k: int) -> float:
@@ -62,11 +78,13 @@ def expected_tokens_per_round(a: float, k: int) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
-def modelled_speedup(a: float | None, k: int, c: float | None) -> float | None:
-    """(1 - a^(k+1)) / ((1 - a)(k c + 1)); k = 0 (no draft) is 1 by definition."""
-    if a is None or c is None:
+def modelled_speedup(
+    a: float | None, k: int, c: float | None, verify_cost: float = 1.0
+) -> float | None:
+    """(1 - a^(k+1)) / ((1 - a)(k c + v)), a = alpha, v = verify cost in 1-token forwards."""
+    if a is None or c is None or verify_cost is None:
         return None
-    return expected_tokens_per_round(a, k) / (k * c + 1.0)
+    return expected_tokens_per_round(a, k) / (k * c + verify_cost)
 
 
 def _sum(results: Iterable[dict], key: str) -> float:
@@ -91,8 +109,9 @@ def summarize(spec: Sequence[dict], target_only: Sequence[dict], k: int) -> dict
     tokens = sum(len(r["tokens"]) for r in spec)
     proposed, accepted = int(_sum(spec, "proposed")), int(_sum(spec, "accepted"))
     forwards = int(_sum(spec, "target_forwards"))
-    a = acceptance_rate(accepted, proposed)
-    c = draft_cost_ratio(
+    accepted_at, reached_at = _sum_lists(spec, "accepted_at"), _sum_lists(spec, "reached_at")
+    a = alpha(accepted_at, reached_at)
+    c = cost_ratio(
         _sum(spec, "draft_1tok_time"),
         int(_sum(spec, "draft_1tok_n")),
         _sum(target_only, "target_1tok_time"),
@@ -102,22 +121,29 @@ def summarize(spec: Sequence[dict], target_only: Sequence[dict], k: int) -> dict
     verify_n = int(_sum(spec, "target_verify_n"))
     base_n = int(_sum(target_only, "target_1tok_n"))
     draft_n = int(_sum(spec, "draft_1tok_n"))
+    v = cost_ratio(
+        _sum(spec, "target_verify_time"),
+        verify_n,
+        _sum(target_only, "target_1tok_time"),
+        base_n,
+    )
     return {
         "num_prompts": len(spec),
         "tokens_generated": tokens,
         "tokens_proposed": proposed,
         "tokens_accepted": accepted,
-        "acceptance_rate": a,
+        "acceptance_rate": acceptance_rate(accepted, proposed),
+        "alpha": a,
         "mean_accepted_length": mean_accepted_length(tokens, forwards),
-        "per_position_acceptance": per_position_acceptance(
-            _sum_lists(spec, "accepted_at"), _sum_lists(spec, "reached_at")
-        ),
+        "per_position_acceptance": per_position_acceptance(accepted_at, reached_at),
         "target_forwards": forwards,
         "tokens_per_s": tps,
         "target_tokens_per_s": base_tps,
         "speedup": speedup(tps, base_tps),
         "draft_cost_ratio": c,
+        "verify_cost_ratio": v,
         "modelled_speedup": modelled_speedup(a, k, c),
+        "modelled_speedup_verify": modelled_speedup(a, k, c, v) if v is not None else None,
         "draft_forward_ms": 1e3 * _ratio(_sum(spec, "draft_1tok_time"), draft_n)
         if draft_n
         else None,

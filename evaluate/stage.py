@@ -281,11 +281,14 @@ def pick_best(rows: list[dict], metric: str) -> dict:
 def sweep_entry(row: dict) -> dict:
     keys = (
         "acceptance_rate",
+        "alpha",
         "mean_accepted_length",
         "speedup",
         "modelled_speedup",
+        "modelled_speedup_verify",
         "tokens_per_s",
         "draft_cost_ratio",
+        "verify_cost_ratio",
         "lossless_match_rate",
     )
     return {"k": row["num_speculative_tokens"], **{key: row.get(key) for key in keys}}

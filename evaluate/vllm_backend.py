@@ -79,6 +79,7 @@ def summary_from_counts(
         "acceptance_rate": metrics.acceptance_rate(
             counts["num_accepted_tokens"], counts["num_draft_tokens"]
         ),
+        "alpha": metrics.alpha(per_pos, reached),
         "mean_accepted_length": 1.0 + counts["num_accepted_tokens"] / drafts if drafts else None,
         "per_position_acceptance": metrics.per_position_acceptance(per_pos, reached),
         "target_forwards": drafts,
@@ -86,7 +87,9 @@ def summary_from_counts(
         "target_tokens_per_s": base_tps,
         "speedup": metrics.speedup(tps, base_tps),
         "draft_cost_ratio": None,
+        "verify_cost_ratio": None,
         "modelled_speedup": None,
+        "modelled_speedup_verify": None,
     }
 
 

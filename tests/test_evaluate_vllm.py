@@ -66,6 +66,7 @@ def test_summary_from_counts_hand_computed():
     assert s["acceptance_rate"] == 0.5
     assert s["mean_accepted_length"] == 2.5
     assert s["per_position_acceptance"] == [0.8, 5 / 8, 2 / 5]
+    assert s["alpha"] == 15 / (10 + 8 + 5)  # accepted / verified (10 first, 8 second, 5 third)
     assert s["speedup"] == 2.0 and s["target_forwards"] == 10
     assert s["draft_cost_ratio"] is None and s["modelled_speedup"] is None
 

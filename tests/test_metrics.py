@@ -36,6 +36,18 @@ def test_modelled_speedup_closed_form():
     assert m.modelled_speedup(0.0, 4, 0.1) == pytest.approx(1 / 1.4)
     assert m.modelled_speedup(None, 4, 0.1) is None
     assert m.expected_tokens_per_round(0.5, 1) == pytest.approx(1.5)
+    # a verify forward costing 1.5 one-token forwards: (1 - 0.125) / (0.5 * (0.5 + 1.5))
+    assert m.modelled_speedup(0.5, 2, 0.25, verify_cost=1.5) == pytest.approx(0.875 / 1.0)
+
+
+def test_alpha_counts_verified_drafts_only():
+    # k=4, four rounds accepting 0, 1, 2 and 4 drafts.
+    # verified positions: 1 (reject at 1), 2 (accept 1, reject 2), 3, 4 -> 10; accepted 7.
+    accepted_at, reached_at = [3, 2, 1, 1], [4, 3, 2, 1]
+    assert m.alpha(accepted_at, reached_at) == pytest.approx(7 / 10)
+    # accepted / proposed counts the never-verified drafts after each rejection: 7 / 16
+    assert m.acceptance_rate(7, 16) == pytest.approx(7 / 16)
+    assert m.alpha([0, 0], [0, 0]) is None
 
 
 def test_basic_ratios():
@@ -44,16 +56,40 @@ def test_basic_ratios():
     assert m.per_position_acceptance([4, 2, 1], [5, 4, 2]) == [0.8, 0.5, 0.5]
     assert m.per_position_acceptance([0], [0]) == [None]
     assert m.speedup(30.0, 20.0) == 1.5 and m.speedup(30.0, 0.0) is None
-    assert m.draft_cost_ratio(0.2, 10, 1.0, 10) == pytest.approx(0.2)
-    assert m.draft_cost_ratio(0.2, 0, 1.0, 10) is None
+    assert m.cost_ratio(0.2, 10, 1.0, 10) == pytest.approx(0.2)
+    assert m.cost_ratio(0.2, 0, 1.0, 10) is None
 
 
 def test_summarize_hand_computed():
     # prompt A: k=2, rounds: accept 2 (+bonus), accept 0 (+fix) -> 4 tokens, 2 forwards
     # prompt B: k=2, one round accepting 1 (+fix) -> 2 tokens, 1 forward
     spec = [
-        _res([1, 2, 3, 4], 4, 2, [1, 1], [2, 1], 2, 0.4, draft_1tok_time=0.04, draft_1tok_n=4),
-        _res([5, 6], 2, 1, [1, 0], [1, 1], 1, 0.2, draft_1tok_time=0.02, draft_1tok_n=2),
+        _res(
+            [1, 2, 3, 4],
+            4,
+            2,
+            [1, 1],
+            [2, 1],
+            2,
+            0.4,
+            draft_1tok_time=0.04,
+            draft_1tok_n=4,
+            target_verify_time=0.6,
+            target_verify_n=2,
+        ),
+        _res(
+            [5, 6],
+            2,
+            1,
+            [1, 0],
+            [1, 1],
+            1,
+            0.2,
+            draft_1tok_time=0.02,
+            draft_1tok_n=2,
+            target_verify_time=0.3,
+            target_verify_n=1,
+        ),
     ]
     base = [
         _res([1, 2, 3, 4], 0, 0, [], [], 4, 0.8, target_1tok_time=0.8, target_1tok_n=4),
@@ -62,6 +98,7 @@ def test_summarize_hand_computed():
     s = m.summarize(spec, base, k=2)
     assert s["tokens_proposed"] == 6 and s["tokens_accepted"] == 3
     assert s["acceptance_rate"] == 0.5
+    assert s["alpha"] == pytest.approx(3 / 5)  # 3 accepted of 5 verified drafts
     assert s["mean_accepted_length"] == 2.0  # 6 tokens / 3 forwards
     assert s["per_position_acceptance"] == [2 / 3, 0.5]
     assert s["tokens_per_s"] == pytest.approx(10.0) and s["target_tokens_per_s"] == pytest.approx(
@@ -69,7 +106,9 @@ def test_summarize_hand_computed():
     )
     assert s["speedup"] == pytest.approx(2.0)
     assert s["draft_cost_ratio"] == pytest.approx(0.01 / 0.2)
-    assert s["modelled_speedup"] == pytest.approx(m.modelled_speedup(0.5, 2, 0.05))
+    assert s["modelled_speedup"] == pytest.approx(m.modelled_speedup(0.6, 2, 0.05))
+    assert s["verify_cost_ratio"] == pytest.approx(0.3 / 0.2)  # mean verify / mean 1-token
+    assert s["modelled_speedup_verify"] == pytest.approx(m.modelled_speedup(0.6, 2, 0.05, 1.5))
     cats = m.per_category(spec, base, ["x", "y"], k=2)
     assert cats["x"]["acceptance_rate"] == 0.5 and cats["y"]["acceptance_rate"] == 0.5
     assert cats["y"]["mean_accepted_length"] == 2.0 and cats["x"]["num_prompts"] == 1
