@@ -20,28 +20,20 @@ Resume policy (distill.resume):
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
 from pathlib import Path
 
 import torch
 
 from draftsmith.errors import ConfigError, DraftsmithError
-from draftsmith.io import atomic_dir
+from draftsmith.io import KILL_ENV, atomic_dir, kill_hook  # noqa: F401 (re-exported)
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "train_state.pt"
 META_FILE = "draftsmith_checkpoint.json"
-# Test hook: "save:<step>" SIGKILLs this process in the middle of writing checkpoint-<step>,
-# "step:<step>" right after optimizer step <step> (between checkpoints).
-KILL_ENV = "DRAFTSMITH_TEST_KILL"
-
-
-def kill_hook(tag: str) -> None:
-    if os.environ.get(KILL_ENV) == tag:
-        os.kill(os.getpid(), signal.SIGKILL)
+# Test hook (draftsmith.io.kill_hook): "save:<step>" SIGKILLs this process in the middle of
+# writing checkpoint-<step>, "step:<step>" right after optimizer step <step>.
 
 
 def list_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:

@@ -17,6 +17,16 @@ from pathlib import Path
 from typing import Any
 
 TMP_MARK = ".tmp-"
+# Crash tests set this to a tag ("step:3", "evaluate:checkpoint-3:k4", ...) and the process
+# SIGKILLs itself where kill_hook(tag) is reached, so resumption is tested at real crash points.
+KILL_ENV = "DRAFTSMITH_TEST_KILL"
+
+
+def kill_hook(tag: str) -> None:
+    if os.environ.get(KILL_ENV) == tag:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -29,7 +29,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import metrics, report
 from draftsmith.evaluate.engine import SamplingConfig, SpeculativeDecoder, eos_token_ids
 from draftsmith.evaluate.prompts import list_drafts, load_prompts, select_prompts
-from draftsmith.io import atomic_write_json, clean_stale_temps
+from draftsmith.io import atomic_write_json, clean_stale_temps, kill_hook
 from draftsmith.models import (
     check_tokenizers_compatible,
     load_model,
@@ -250,6 +250,7 @@ class NativeEvaluator:
             rate = check_lossless(draft["name"], results, base, self.cfg.evaluate.on_mismatch)
         data = {"settings": settings, "lossless_match_rate": rate, "results": results}
         atomic_write_json(self.result_path(draft, k), data)
+        kill_hook(f"evaluate:{draft['name']}:k{k}")
         return data
 
 

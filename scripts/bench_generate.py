@@ -1,11 +1,13 @@
-"""Batched HF backend vs one-prompt-at-a-time `model.generate`, same prompts, one process.
+"""The HF backend's decode loop vs batched and one-at-a-time `model.generate`, one process.
 
     flock /tmp/draftsmith-bench.lock python scripts/bench_generate.py
     python scripts/bench_generate.py --model tiny-random-llama --prompts 8   # quick smoke run
 
-Both sides decode greedily with the same new-token budget and stop at EOS;
-tokens/s counts only real generated tokens (up to and including EOS), so the
-padding a batch carries after a row finishes is not counted for the batch.
+All three decode greedily with the same new-token budget and stop at EOS; the
+batched peer gets the backend's own length buckets and batch size, and stores the
+same top-k log-probs (`output_logits`). tokens/s counts only real generated tokens
+(up to and including EOS), so the padding a batch carries after a row finishes is
+not counted for the batch.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 
 from draftsmith.config import DataConfig, PromptSource
 from draftsmith.data.completion import cut_at_eos
-from draftsmith.data.hf_backend import HFBackend
+from draftsmith.data.hf_backend import HFBackend, left_pad, length_buckets
 from draftsmith.data.sources import encode, load_source, render
 from draftsmith.models import load_model, load_tokenizer
 
@@ -45,6 +47,29 @@ def one_at_a_time(model, tok, prompts, max_new_tokens: int, eos: set[int]) -> li
     return outs
 
 
+@torch.no_grad()
+def batched_generate(model, tok, prompts, batch_size, max_new_tokens, eos, topk):
+    """model.generate over the backend's length buckets (what the backend did before its loop)."""
+    outs = [None] * len(prompts)
+    for idx in length_buckets([len(p) for p in prompts], batch_size):
+        ids, mask = left_pad([prompts[i] for i in idx], tok.pad_token_id)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=sorted(eos),
+            pad_token_id=tok.pad_token_id,
+            output_logits=topk > 0,
+            return_dict_in_generate=True,
+        )
+        if topk:  # the top-k teacher the backend stores, from the same logits
+            [step.float().log_softmax(-1).topk(topk, -1) for step in out.logits]
+        for i, seq in zip(idx, out.sequences[:, ids.shape[1] :].tolist()):
+            outs[i] = seq[: cut_at_eos(seq, eos)[0]]
+    return outs
+
+
 def timed(fn):
     t0 = time.perf_counter()
     out = fn()
@@ -58,39 +83,45 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--topk", type=int, default=32, help="top-k log-probs stored per token")
+    ap.add_argument("--skip-single", action="store_true", help="leave out one-at-a-time")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
     tok = load_tokenizer(args.model)
     model = load_model(args.model, device=torch.device("cpu"), dtype=torch.float32)
     prompts = bench_prompts(tok, args.prompts)
-    backend = HFBackend(
-        model, tok, DataConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    dcfg = DataConfig(
+        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, topk_logprobs=args.topk
     )
+    backend = HFBackend(model, tok, dcfg)
     backend.generate(prompts[:2], seed=0)  # warm-up: first-call allocations, thread pools
+    eos, n = backend.eos_ids, args.max_new_tokens
 
-    batched, t_batched = timed(lambda: backend.generate(prompts, seed=0))
-    batched = [c[0].token_ids for c in batched]
-    single, t_single = timed(
-        lambda: one_at_a_time(model, tok, prompts, args.max_new_tokens, backend.eos_ids)
+    ours, t_ours = timed(lambda: backend.generate(prompts, seed=0))
+    ours = [c[0].token_ids for c in ours]
+    peer, t_peer = timed(
+        lambda: batched_generate(model, tok, prompts, args.batch_size, n, eos, args.topk)
     )
-
-    n_b, n_s = sum(map(len, batched)), sum(map(len, single))
-    same = sum(a == b for a, b in zip(batched, single))
-    tps_b, tps_s = n_b / t_batched, n_s / t_single
     print(
         f"model {args.model}, {len(prompts)} prompts "
         f"(prompt tokens {min(map(len, prompts))}-{max(map(len, prompts))}), "
-        f"max_new_tokens {args.max_new_tokens}, {args.threads} threads"
+        f"max_new_tokens {n}, top-k {args.topk}, {args.threads} threads"
     )
-    print(
-        f"one-at-a-time model.generate : {n_s:5d} tokens in {t_single:7.2f} s = {tps_s:7.1f} tok/s"
-    )
-    print(
-        f"batched HF backend (batch {args.batch_size:2d}): {n_b:5d} tokens in {t_batched:7.2f} s "
-        f"= {tps_b:7.1f} tok/s"
-    )
-    print(f"speedup {tps_b / tps_s:.2f}x; identical greedy completions {same}/{len(prompts)}")
+    tokens = sum(map(len, ours))
+    rows = [("HF backend decode loop", ours, t_ours), ("batched model.generate", peer, t_peer)]
+    if not args.skip_single:
+        single, t_single = timed(lambda: one_at_a_time(model, tok, prompts, n, eos))
+        rows.append(("one-at-a-time model.generate", single, t_single))
+    for name, outs, t in rows:
+        same = sum(a == b for a, b in zip(outs, ours))
+        print(
+            f"{name:30s}: {tokens:5d} tokens in {t:7.2f} s = {tokens / t:7.1f} tok/s "
+            f"(identical completions {same}/{len(prompts)})"
+        )
+    print(f"decode loop / batched model.generate: {t_peer / t_ours:.2f}x")
+    if not args.skip_single:
+        print(f"decode loop / one-at-a-time model.generate: {t_single / t_ours:.2f}x")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,13 +15,18 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from draftsmith.config import load_config
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import run_export
+from draftsmith.io import TMP_MARK
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def draftsmith(*args: str) -> subprocess.CompletedProcess:
+def draftsmith(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "draftsmith.cli", *args], capture_output=True, text=True, cwd=REPO
+        [sys.executable, "-m", "draftsmith.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -91,6 +97,30 @@ def test_rerun_skips_finished_stages(tiny_run):
     assert [r["checkpoint"] for r in after["rows"]] == [
         r["checkpoint"] for r in json.loads(board_before)["rows"]
     ]
+
+
+def _measured(board: dict) -> dict:
+    """What a rerun must reproduce exactly (timings aside): each row's counts and checks."""
+    keys = ("tokens_generated", "tokens_proposed", "tokens_accepted", "lossless_match_rate")
+    return {r["checkpoint"]: {k: r[k] for k in keys} for r in board["rows"]}
+
+
+@pytest.mark.parametrize("crash", ["step:4", "evaluate:checkpoint-3:k3"])
+def test_run_killed_mid_stage_and_rerun_gives_the_same_results(tiny_run, tmp_path, crash):
+    out = tmp_path / "run"
+    killed = draftsmith(
+        "run", "configs/tiny.yaml", f"run.output_dir={out}", env={"DRAFTSMITH_TEST_KILL": crash}
+    )
+    assert killed.returncode == -9, killed.stderr[-2000:]  # SIGKILL, mid-stage
+    assert not (out / "export").exists()
+    again = draftsmith("run", "configs/tiny.yaml", f"run.output_dir={out}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    board = json.loads((out / "eval" / "leaderboard.json").read_text())
+    ref = json.loads((tiny_run / "eval" / "leaderboard.json").read_text())
+    assert _measured(board) == _measured(ref)
+    assert board["best"] == ref["best"]
+    assert not list(out.rglob(f"*{TMP_MARK}*"))  # no half-written file or dir survives
+    assert (out / "export" / "speculative_config.json").is_file()
 
 
 def test_export_refuses_existing_dir_and_unknown_checkpoint(tiny_run):
