@@ -26,10 +26,26 @@ from draftsmith.kv_cache import cache_kwarg, new_cache
 from draftsmith.sampling import SamplingConfig, sampling_probs
 
 
-def length_buckets(lengths: list[int], batch_size: int) -> list[list[int]]:
-    """Indices grouped into batches of similar length (stable sort, so deterministic)."""
+def length_buckets(
+    lengths: list[int], batch_size: int, max_tokens: int | None = None, extra: int = 0
+) -> list[list[int]]:
+    """Indices grouped into batches of similar length (stable sort, so deterministic).
+
+    With `max_tokens`, a batch also stops growing before rows x (its longest length + extra)
+    would pass it: every decode step reads the whole KV cache, so long prompts get smaller
+    batches (one row always fits).
+    """
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    batches: list[list[int]] = [[]]
+    for i in order:
+        rows = len(batches[-1]) + 1
+        full = rows > batch_size or (
+            max_tokens is not None and rows * (lengths[i] + extra) > max_tokens
+        )
+        if full and batches[-1]:
+            batches.append([])
+        batches[-1].append(i)
+    return [b for b in batches if b]
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,9 +183,17 @@ class HFBackend:
         on_batch: Callable[[int, int], None] | None = None,
     ) -> list[list[Completion]]:
         """All prompts, bucketed by length; `on_batch(prompts_done, new_tokens)` after each batch."""
-        per_batch = max(1, self.dcfg.batch_size // self.dcfg.n)  # batch_size counts sequences
+        n = self.dcfg.n
+        per_batch = max(1, self.dcfg.batch_size // n)  # batch_size counts sequences
+        cap = self.dcfg.max_batch_tokens
+        buckets = length_buckets(
+            [len(p) for p in prompts],
+            per_batch,
+            None if cap is None else max(1, cap // n),
+            self.dcfg.max_new_tokens,
+        )
         results: list[list[Completion] | None] = [None] * len(prompts)
-        for b, idx in enumerate(length_buckets([len(p) for p in prompts], per_batch)):
+        for b, idx in enumerate(buckets):
             got = self.generate_batch([prompts[i] for i in idx], seed=seed * 1_000_003 + b)
             for i, comps in zip(idx, got):
                 results[i] = comps

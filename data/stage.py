@@ -131,7 +131,7 @@ def prepare_prompts(cfg: Config, tokenizer, model_config) -> PreparedPrompts:
 def settings(cfg: Config) -> dict:
     """Everything that changes what generate writes (batch size and device only add float noise)."""
     data = dataclasses.asdict(cfg.data)
-    for k in ("batch_size", "vllm"):
+    for k in ("batch_size", "max_batch_tokens", "vllm"):
         data.pop(k)
     return {"target": dataclasses.asdict(cfg.target), "seed": cfg.run.seed, "data": data}
 

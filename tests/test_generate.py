@@ -72,6 +72,9 @@ def test_left_pad_and_length_buckets():
     ids, mask = left_pad([[1, 2, 3], [4]], pad_id=0)
     assert ids.tolist() == [[1, 2, 3], [0, 0, 4]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
     assert length_buckets([5, 1, 9, 3, 7], 2) == [[1, 3], [0, 4], [2]]
+    # a token cap: rows x (longest + 4 new tokens) <= 30: three short rows, then two long
+    assert length_buckets([5, 1, 9, 3, 7], 4, max_tokens=30, extra=4) == [[1, 3, 0], [4, 2]]
+    assert length_buckets([50], 4, max_tokens=24, extra=4) == [[0]]  # one row always fits
 
 
 def test_batched_greedy_equals_one_prompt_at_a_time(model, tok):

@@ -245,3 +245,50 @@ def test_sampling_probs_filters():
     assert (sampling_probs(logits, SamplingConfig(1.0, top_p=0.5)) > 0).tolist() == [1, 0, 0, 0]
     cold = sampling_probs(logits, SamplingConfig(0.5))
     assert torch.allclose(cold, (logits / 0.5).softmax(-1))
+
+
+def _greedy_rounds(agree: list[bool], k: int) -> dict:
+    """The rounds greedy speculative decoding must take, worked out from teacher forcing.
+
+    agree[i]: the draft's argmax, fed the target's own first i output tokens, is the target's
+    token i. A round starting at i accepts the agreeing run from i (at most k_round drafts,
+    never past the budget) and adds the target's token after it.
+    """
+    n, i = len(agree), 0
+    out = {"proposed": 0, "accepted": 0, "rounds": 0, "accepted_at": [0] * k, "reached_at": [0] * k}
+    while i < n:
+        k_round = min(k, n - i - 1)
+        acc = 0
+        while acc < k_round and agree[i + acc]:
+            acc += 1
+        for j in range(min(acc + 1, k_round)):
+            out["reached_at"][j] += 1
+        for j in range(acc):
+            out["accepted_at"][j] += 1
+        out["proposed"] += k_round
+        out["accepted"] += acc
+        out["rounds"] += 1
+        i += acc + 1
+    return out
+
+
+@pytest.mark.parametrize("seed,k,noise", [(0, 4, 0.3), (2, 2, 0.2), (3, 6, 0.2), (4, 3, 0.3)])
+def test_acceptance_counts_match_teacher_forced_agreement(seed, k, noise):
+    """The engine's counts equal what one teacher-forced draft pass over the target's output
+    predicts: every accept/reject and per-position figure, not just the output text."""
+    target, draft = tiny_pair(seed, noise=noise)
+    prompt = [5, 9, 3, 17, 11]
+    ref = SpeculativeDecoder(target).generate(prompt, 40).tokens
+    with torch.no_grad():
+        logits = draft(torch.tensor([prompt + ref[:-1]])).logits[0, len(prompt) - 1 :]  # (40, V)
+    agree = (logits.argmax(-1) == torch.tensor(ref)).tolist()
+    assert 0 < sum(agree) < len(agree)  # a draft that is neither perfect nor useless
+    res = SpeculativeDecoder(target, draft, k=k).generate(prompt, 40)
+    want = _greedy_rounds(agree, k)
+    assert res.tokens == ref
+    assert (res.proposed, res.accepted, res.target_forwards) == (
+        want["proposed"],
+        want["accepted"],
+        want["rounds"],
+    )
+    assert res.accepted_at == want["accepted_at"] and res.reached_at == want["reached_at"]
