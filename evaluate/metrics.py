@@ -167,6 +167,33 @@ def per_category(
     return out
 
 
+def greedy_rounds(agree: Sequence[bool], k: int) -> dict:
+    """The rounds greedy speculative decoding takes, from teacher-forced agreement alone.
+
+    agree[i]: the draft's argmax, fed the prompt and the target's own first i output tokens,
+    equals the target's token i. Greedy rounds only ever extend the target's own output, so
+    a round starting at token i accepts the agreeing run from i (at most k_round drafts,
+    never drafting past the budget) and then emits the target's token: one teacher-forced
+    draft pass gives every count the engine reports (tests/test_specdec.py checks this).
+    """
+    n, i = len(agree), 0
+    out = {"proposed": 0, "accepted": 0, "rounds": 0, "accepted_at": [0] * k, "reached_at": [0] * k}
+    while i < n:
+        k_round = min(k, n - i - 1)
+        acc = 0
+        while acc < k_round and agree[i + acc]:
+            acc += 1
+        for j in range(min(acc + 1, k_round)):
+            out["reached_at"][j] += 1
+        for j in range(acc):
+            out["accepted_at"][j] += 1
+        out["proposed"] += k_round
+        out["accepted"] += acc
+        out["rounds"] += 1
+        i += acc + 1
+    return out
+
+
 def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
     """Index of the first differing token (a length difference counts); None when equal."""
     for i, (x, y) in enumerate(zip(a, b)):

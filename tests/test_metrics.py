@@ -119,3 +119,12 @@ def test_lossless_helpers():
     assert m.first_mismatch([1, 2, 3], [1, 5, 3]) == 1
     assert m.first_mismatch([1, 2], [1, 2, 3]) == 2
     assert m.lossless_match_rate([[1], [2], [3], [4]], [[1], [2], [0], [4]]) == 0.75
+
+
+def test_greedy_rounds_hand_computed():
+    # 6 target tokens, k=2. Round 1 at token 0: accepts tokens 0-1, adds token 2.
+    # Round 2 at token 3: accepts 3, rejects 4 (the target's token 4 is emitted).
+    # Round 3 at token 5: budget 1, nothing drafted, the target emits token 5.
+    r = m.greedy_rounds([True, True, False, True, False, False], k=2)
+    assert (r["proposed"], r["accepted"], r["rounds"]) == (4, 3, 3)
+    assert r["accepted_at"] == [2, 1] and r["reached_at"] == [2, 2]

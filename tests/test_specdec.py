@@ -19,6 +19,7 @@ from draftsmith.evaluate.engine import (
     rejection_sample,
     sampling_probs,
 )
+from draftsmith.evaluate.metrics import greedy_rounds
 from draftsmith.models import tiny_llama_config
 
 # float64 removes kernel noise (a (k+1)-token forward vs 1-token forwards can flip a near-tied
@@ -247,31 +248,6 @@ def test_sampling_probs_filters():
     assert torch.allclose(cold, (logits / 0.5).softmax(-1))
 
 
-def _greedy_rounds(agree: list[bool], k: int) -> dict:
-    """The rounds greedy speculative decoding must take, worked out from teacher forcing.
-
-    agree[i]: the draft's argmax, fed the target's own first i output tokens, is the target's
-    token i. A round starting at i accepts the agreeing run from i (at most k_round drafts,
-    never past the budget) and adds the target's token after it.
-    """
-    n, i = len(agree), 0
-    out = {"proposed": 0, "accepted": 0, "rounds": 0, "accepted_at": [0] * k, "reached_at": [0] * k}
-    while i < n:
-        k_round = min(k, n - i - 1)
-        acc = 0
-        while acc < k_round and agree[i + acc]:
-            acc += 1
-        for j in range(min(acc + 1, k_round)):
-            out["reached_at"][j] += 1
-        for j in range(acc):
-            out["accepted_at"][j] += 1
-        out["proposed"] += k_round
-        out["accepted"] += acc
-        out["rounds"] += 1
-        i += acc + 1
-    return out
-
-
 @pytest.mark.parametrize("seed,k,noise", [(0, 4, 0.3), (2, 2, 0.2), (3, 6, 0.2), (4, 3, 0.3)])
 def test_acceptance_counts_match_teacher_forced_agreement(seed, k, noise):
     """The engine's counts equal what one teacher-forced draft pass over the target's output
@@ -284,7 +260,7 @@ def test_acceptance_counts_match_teacher_forced_agreement(seed, k, noise):
     agree = (logits.argmax(-1) == torch.tensor(ref)).tolist()
     assert 0 < sum(agree) < len(agree)  # a draft that is neither perfect nor useless
     res = SpeculativeDecoder(target, draft, k=k).generate(prompt, 40)
-    want = _greedy_rounds(agree, k)
+    want = greedy_rounds(agree, k)
     assert res.tokens == ref
     assert (res.proposed, res.accepted, res.target_forwards) == (
         want["proposed"],
