@@ -176,6 +176,7 @@ class EvaluateConfig:
     baselines: list[str] = field(default_factory=list)  # extra drafts: model refs or dirs
     select_metric: Literal["acceptance_rate", "mean_accepted_length", "speedup"] = "acceptance_rate"
     on_mismatch: Literal["error", "warn"] = "error"  # greedy losslessness failures
+    cpu_few_row_linear: bool = True  # CPU: few-row matmuls as W @ x^T (draftsmith/fast_linear.py)
     vllm: VllmEvalConfig = field(default_factory=VllmEvalConfig)
 
 

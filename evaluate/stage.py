@@ -71,6 +71,7 @@ def _settings(cfg: Config, prompts: list[dict], target_path: str) -> dict:
         "seed": cfg.run.seed,
         "device": cfg.run.device,
         "dtype": cfg.target.dtype,
+        "cpu_few_row_linear": ev.cpu_few_row_linear,  # changes timings, not tokens
     }
 
 
@@ -216,7 +217,11 @@ class NativeEvaluator:
         if cached:
             return cached["results"]
         decoder = SpeculativeDecoder(
-            self.models.target(), None, sampling=self.sampling, eos_ids=self._eos()
+            self.models.target(),
+            None,
+            sampling=self.sampling,
+            eos_ids=self._eos(),
+            few_row_linear=self.cfg.evaluate.cpu_few_row_linear,
         )
         results = decode_prompts(decoder, self.prompts, self.cfg, "target-only")
         atomic_write_json(path, {"settings": self.settings, "results": results})
@@ -243,6 +248,7 @@ class NativeEvaluator:
             k=k,
             sampling=self.sampling,
             eos_ids=self._eos(),
+            few_row_linear=self.cfg.evaluate.cpu_few_row_linear,
         )
         results = decode_prompts(decoder, self.prompts, self.cfg, f"{draft['name']} k={k}")
         rate = None
