@@ -94,6 +94,10 @@ def test_full_accept_feeds_the_missing_draft_token():
 
 def test_greedy_equals_transformers_assisted_generation():
     target, draft = tiny_pair(7, noise=0.3)
+    # transformers reads the round size from the assistant's own generation config
+    draft.generation_config.num_assistant_tokens = 3
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
     for prompt in ([4, 9, 12], [20], [3, 3, 8, 30, 11]):
         spec = SpeculativeDecoder(target, draft, k=3, eos_ids=[2]).generate(prompt, 16).tokens
         out = target.generate(
