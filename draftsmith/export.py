@@ -15,6 +15,7 @@ from pathlib import Path
 from draftsmith.config import Config
 from draftsmith.errors import DraftsmithError
 from draftsmith.io import atomic_dir, atomic_write_json
+from draftsmith.models import resolve_model
 
 # What a serving stack needs from a checkpoint dir; train state stays behind.
 MODEL_FILES = (
@@ -97,9 +98,43 @@ def _data_summary(cfg: Config) -> str:
     return f"- prompt sources: {sources}\n- {facts}"
 
 
+def _training(cfg: Config, row: dict) -> str:
+    """How the exported draft was trained: its own loss, not just the run's configured one."""
+    d = cfg.distill
+    role, steps = row.get("role"), row.get("trained_steps", row.get("step"))
+    batch = f"batch {d.batch_size} x {d.grad_accum_steps} accumulation, lr {d.lr}"
+    if role == "init":
+        return "none: the untrained initialisation ranked best"
+    if role == "baseline":
+        return "an external draft (evaluate.baselines), not trained by this run"
+    if role == "ce_twin":
+        return (
+            f"ce (plain cross-entropy on the target's outputs: the run's distill.ce_baseline "
+            f"twin, which ranked above the {d.loss} draft), {steps} steps, {batch}"
+        )
+    return f"{d.loss} (teacher: {d.teacher}, temperature {d.temperature}), {steps} steps, {batch}"
+
+
+def assistant_generation_config(path: Path, k: int) -> None:
+    """Make transformers' assisted generation draft k tokens per round, as measured.
+
+    transformers reads the round size, its schedule and the confidence stop from the
+    assistant's own generation config; its default stop (threshold 0.4) drafts fewer
+    tokens than k with a weak draft.
+    """
+    gc = json.loads(path.read_text()) if path.is_file() else {}
+    gc.update(
+        num_assistant_tokens=k,
+        num_assistant_tokens_schedule="constant",
+        assistant_confidence_threshold=0.0,
+    )
+    atomic_write_json(path, gc)
+
+
 def model_card(cfg: Config, board: dict, row: dict, k: int, out: Path) -> str:
     spec = json.dumps(speculative_config(out, k))
     target = board.get("target", cfg.target.model)
+    target_path = resolve_model(cfg.target.model)  # a dir or hub id that vLLM can load
     init = cfg.draft.init + (
         f" ({cfg.draft.num_layers} layers, {cfg.draft.layer_selection})"
         if cfg.draft.init == "from_target"
@@ -124,9 +159,9 @@ verifies every drafted token, so outputs are exactly the target's own; the draft
 changes speed.
 
 ## Draft
-- checkpoint: `{row["checkpoint"]}` (step {row.get("step")}), chosen by `{board.get("select_metric")}`
+- checkpoint: `{row["checkpoint"]}` (step {row.get("trained_steps", row.get("step"))}), chosen by `{board.get("select_metric")}`
 - initialisation: {init}
-- loss: {cfg.distill.loss} (teacher: {cfg.distill.teacher}, temperature {cfg.distill.temperature}), {cfg.distill.max_steps} steps, batch {cfg.distill.batch_size} x {cfg.distill.grad_accum_steps} accumulation, lr {cfg.distill.lr}
+- training: {_training(cfg, row)}
 
 ## Data
 {_data_summary(cfg)}
@@ -161,16 +196,16 @@ Per-position acceptance (given the position was reached): {positions}
 ## Use it
 vLLM:
 ```
-vllm serve {target} --speculative-config '{spec}'
+vllm serve {target_path} --speculative-config '{spec}'
 ```
 transformers:
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
-target = AutoModelForCausalLM.from_pretrained("{target}")
+target = AutoModelForCausalLM.from_pretrained("{target_path}")
 draft = AutoModelForCausalLM.from_pretrained("{out.resolve()}")
 tok = AutoTokenizer.from_pretrained("{out.resolve()}")
 inputs = tok("Hello", return_tensors="pt")
-out = target.generate(**inputs, assistant_model=draft, num_assistant_tokens={k}, do_sample=False)
+out = target.generate(**inputs, assistant_model=draft, do_sample=False)  # k={k}: generation_config.json
 ```
 """
 
@@ -202,6 +237,7 @@ def run_export(cfg: Config) -> Path:
     )
     with atomic_dir(out, overwrite=cfg.export.overwrite) as tmp:
         copy_model_files(Path(row["path"]), tmp)
+        assistant_generation_config(tmp / "generation_config.json", k)
         atomic_write_json(tmp / "speculative_config.json", speculative_config(out, k))
         atomic_write_json(tmp / "leaderboard_row.json", row)
         (tmp / "README.md").write_text(model_card(cfg, board, row, k, out))

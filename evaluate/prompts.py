@@ -44,21 +44,36 @@ def select_prompts(prompts: list[dict], limit: int | None) -> list[dict]:
 
 
 def list_drafts(output_dir: Path, baselines: list[str], ce_baseline: bool = False) -> list[dict]:
-    """Every checkpoint-<step> (by step), the CE twin's last checkpoint, then evaluate.baselines."""
+    """Every checkpoint-<step> (by step), the CE twin's last checkpoint, then evaluate.baselines.
+
+    `role` says what a draft is, for reports: "init" (checkpoint-0), "distilled" (the
+    configured loss), "ce_twin" (distill.ce_baseline) or "baseline" (evaluate.baselines).
+    """
     ckpt_dir = Path(output_dir) / "checkpoints"
     drafts = [
-        {"name": p.name, "ref": str(p), "step": step} for step, p in list_checkpoints(ckpt_dir)
+        {"name": p.name, "ref": str(p), "step": step, "role": "distilled" if step else "init"}
+        for step, p in list_checkpoints(ckpt_dir)
     ]
     if ce_baseline:
         # distill.ce_baseline: same data, steps and init, plain cross-entropy (distill/stage.py)
         twin = list_checkpoints(Path(output_dir) / "ablations" / "ce")
         if twin:
             step, path = twin[-1]
-            drafts.append({"name": f"ce-{path.name}", "ref": str(path), "step": None})
+            # step None keeps it off the per-step plots; trained_steps says how far it went
+            drafts.append(
+                {
+                    "name": f"ce-{path.name}",
+                    "ref": str(path),
+                    "step": None,
+                    "role": "ce_twin",
+                    "trained_steps": step,
+                }
+            )
     for i, ref in enumerate(baselines):
         path = Path(ref).expanduser()
         name = path.name if path.exists() else ref
-        drafts.append({"name": name, "ref": ref, "step": None, "key": f"evaluate.baselines[{i}]"})
+        key = f"evaluate.baselines[{i}]"
+        drafts.append({"name": name, "ref": ref, "step": None, "role": "baseline", "key": key})
     if not drafts:
         raise DraftsmithError(
             f"{ckpt_dir}: no checkpoints to evaluate (and evaluate.baselines is empty); "

@@ -193,6 +193,8 @@ def _row(draft: dict, path: str, runs: dict, base: dict, cfg: Config, k: int) ->
         "checkpoint": draft["name"],
         "path": path,
         "step": draft["step"],
+        "role": draft.get("role"),
+        "trained_steps": draft.get("trained_steps", draft["step"]),
         "num_prompts": len(spec_toks),
         **summary_from_counts(total, k, tokens, wall, base_tokens, base_wall),
         "per_category": per_cat,

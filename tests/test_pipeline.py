@@ -49,6 +49,9 @@ def test_run_writes_every_artifact(tiny_run):
 
     board = json.loads((tiny_run / "eval" / "leaderboard.json").read_text())
     assert {r["step"] for r in board["rows"] if r["step"] is not None} == set(steps)
+    assert {r["checkpoint"]: r["role"] for r in board["rows"]} == {
+        f"checkpoint-{s}": "distilled" if s else "init" for s in steps
+    }
     for row in board["rows"]:
         assert row["lossless_match_rate"] == 1.0
         assert 0.0 <= row["acceptance_rate"] <= 1.0
@@ -72,6 +75,10 @@ def test_export_loads_and_serves_as_assistant_model(tiny_run):
     best = next(r for r in board["rows"] if r["checkpoint"] == board["best"])
     assert f"{best['acceptance_rate']:.3f}" in card and "vllm serve" in card
     assert "assistant_model=draft" in card
+    assert "training: forward_kl" in card or "training: none" in card
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["num_assistant_tokens"] == board["recommended_k"]
+    assert gen["assistant_confidence_threshold"] == 0.0  # k drafts a round, as measured
 
     cfg = load_config(tiny_run / "config.yaml")
     from draftsmith.models import resolve_model
