@@ -5,14 +5,15 @@ pass, the two tokens a draft round may start with, one row per sequence of a dec
 torch's F.linear hands BLAS the "x times W transposed" product, and for 2 to 64 rows the
 CPU BLAS in torch 2.13 runs it far below memory speed; the same product written as W
 times x transposed streams the weights once. Measured on the reference 2-core AMD EPYC
-(scripts/bench_linear.py, SmolLM2-135M's 30 layers of weights, cold caches, ms per pass):
+(scripts/bench_linear.py: SmolLM2-135M's 211 weight matrices, cold caches, ms per pass):
 
-    rows         1     2     5     16    64
-    F.linear   36.4  57.5  67.9  79.8  154.4
-    W @ x^T    36.0  33.7  48.6  52.8  124.2
+    rows         1     2     3     4     5     8    16    64
+    F.linear   54.1  76.6 112.0  96.0  84.1 113.0 133.0 238.7
+    W @ x^T    52.1  48.8  71.6  47.7  68.1  97.6 112.6 228.4
 
-With it a 5-token verify forward of the target costs ~1.2 one-token forwards instead of
-~1.8, which is most of what speculative decoding can win on a CPU. One row keeps F.linear
+With it the target's verify forward over k+1 = 2 / 4 / 5 tokens costs 1.03 / 1.17 / 1.39
+one-token forwards instead of 1.69 / 1.94 / 1.93 (same script), and that ratio is most of
+what speculative decoding can win or lose on a CPU. One row keeps F.linear
 (a matrix-vector product either way), so target-only decoding is untouched; GPUs and large
 batches keep F.linear too. Results equal F.linear's up to float rounding (a different
 summation order), which the greedy lossless check covers like any kernel difference.
