@@ -115,20 +115,24 @@ def _training(cfg: Config, row: dict) -> str:
     return f"{d.loss} (teacher: {d.teacher}, temperature {d.temperature}), {steps} steps, {batch}"
 
 
-def assistant_generation_config(path: Path, k: int) -> None:
-    """Make transformers' assisted generation draft k tokens per round, as measured.
+def fixed_k_assistant(k: int) -> dict:
+    """Generation-config fields that make transformers' assisted generation draft k per round.
 
     transformers reads the round size, its schedule and the confidence stop from the
-    assistant's own generation config; its default stop (threshold 0.4) drafts fewer
-    tokens than k with a weak draft.
+    *assistant's* generation config, not from generate()'s kwargs; its default stop
+    (threshold 0.4) drafts fewer tokens than k with a weak draft. Threshold 0: no stop.
     """
+    return {
+        "num_assistant_tokens": k,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0,
+    }
+
+
+def assistant_generation_config(path: Path, k: int) -> None:
+    """The exported draft drafts k tokens per round as `assistant_model=`, as measured."""
     gc = json.loads(path.read_text()) if path.is_file() else {}
-    gc.update(
-        num_assistant_tokens=k,
-        num_assistant_tokens_schedule="constant",
-        assistant_confidence_threshold=0.0,
-    )
-    atomic_write_json(path, gc)
+    atomic_write_json(path, {**gc, **fixed_k_assistant(k)})
 
 
 def model_card(cfg: Config, board: dict, row: dict, k: int, out: Path) -> str:

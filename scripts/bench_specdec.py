@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from draftsmith.evaluate import metrics
 from draftsmith.evaluate.engine import SpeculativeDecoder, eos_token_ids
+from draftsmith.export import fixed_k_assistant
 from draftsmith.models import resolve_model
 
 PROMPTS = [
@@ -60,21 +61,6 @@ def run_native(decoder, prompts, max_new):
     return outs, results, time.perf_counter() - start
 
 
-def fixed_k_assistant(draft, k: int) -> None:
-    """Make transformers draft exactly k tokens per round, like the native engine.
-
-    The assisted candidate generator reads num_assistant_tokens, its schedule and the
-    confidence threshold from the *assistant's* generation_config, not from generate()'s
-    kwargs (transformers 5.x); its default threshold (0.4) stops drafting early, which
-    with a weak draft made HF verify ~1.2 tokens per round instead of k. A threshold of 0
-    adds no confidence stopping criterion.
-    """
-    gc = draft.generation_config
-    gc.num_assistant_tokens = k
-    gc.num_assistant_tokens_schedule = "constant"
-    gc.assistant_confidence_threshold = 0.0
-
-
 @torch.inference_mode()
 def run_hf(target, draft, prompts, max_new, k, eos, pad):
     outs, start = [], time.perf_counter()
@@ -83,7 +69,7 @@ def run_hf(target, draft, prompts, max_new, k, eos, pad):
             max_new_tokens=max_new, do_sample=False, eos_token_id=sorted(eos), pad_token_id=pad
         )
         if draft is not None:
-            fixed_k_assistant(draft, k)
+            draft.generation_config.update(**fixed_k_assistant(k))  # what the engine does
             kw.update(assistant_model=draft)
         out = target.generate(torch.tensor([ids]), **kw)
         outs.append(out[0, len(ids) :].tolist())

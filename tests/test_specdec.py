@@ -20,6 +20,7 @@ from draftsmith.evaluate.engine import (
     sampling_probs,
 )
 from draftsmith.evaluate.metrics import greedy_rounds
+from draftsmith.export import fixed_k_assistant
 from draftsmith.models import tiny_llama_config
 
 # float64 removes kernel noise (a (k+1)-token forward vs 1-token forwards can flip a near-tied
@@ -94,10 +95,7 @@ def test_full_accept_feeds_the_missing_draft_token():
 
 def test_greedy_equals_transformers_assisted_generation():
     target, draft = tiny_pair(7, noise=0.3)
-    # transformers reads the round size from the assistant's own generation config
-    draft.generation_config.num_assistant_tokens = 3
-    draft.generation_config.num_assistant_tokens_schedule = "constant"
-    draft.generation_config.assistant_confidence_threshold = 0.0
+    draft.generation_config.update(**fixed_k_assistant(3))  # k=3 every round, like the engine
     for prompt in ([4, 9, 12], [20], [3, 3, 8, 30, 11]):
         spec = SpeculativeDecoder(target, draft, k=3, eos_ids=[2]).generate(prompt, 16).tokens
         out = target.generate(
