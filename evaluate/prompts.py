@@ -47,11 +47,18 @@ def list_drafts(output_dir: Path, baselines: list[str], ce_baseline: bool = Fals
     """Every checkpoint-<step> (by step), the CE twin's last checkpoint, then evaluate.baselines.
 
     `role` says what a draft is, for reports: "init" (checkpoint-0), "distilled" (the
-    configured loss), "ce_twin" (distill.ce_baseline) or "baseline" (evaluate.baselines).
+    configured loss), "ce_twin" (distill.ce_baseline) or "baseline" (evaluate.baselines);
+    `trained_steps` how far this run trained it (None for a baseline).
     """
     ckpt_dir = Path(output_dir) / "checkpoints"
     drafts = [
-        {"name": p.name, "ref": str(p), "step": step, "role": "distilled" if step else "init"}
+        {
+            "name": p.name,
+            "ref": str(p),
+            "step": step,
+            "role": "distilled" if step else "init",
+            "trained_steps": step,
+        }
         for step, p in list_checkpoints(ckpt_dir)
     ]
     if ce_baseline:
@@ -73,7 +80,16 @@ def list_drafts(output_dir: Path, baselines: list[str], ce_baseline: bool = Fals
         path = Path(ref).expanduser()
         name = path.name if path.exists() else ref
         key = f"evaluate.baselines[{i}]"
-        drafts.append({"name": name, "ref": ref, "step": None, "role": "baseline", "key": key})
+        drafts.append(
+            {
+                "name": name,
+                "ref": ref,
+                "step": None,
+                "role": "baseline",
+                "trained_steps": None,
+                "key": key,
+            }
+        )
     if not drafts:
         raise DraftsmithError(
             f"{ckpt_dir}: no checkpoints to evaluate (and evaluate.baselines is empty); "

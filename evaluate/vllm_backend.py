@@ -194,7 +194,7 @@ def _row(draft: dict, path: str, runs: dict, base: dict, cfg: Config, k: int) ->
         "path": path,
         "step": draft["step"],
         "role": draft.get("role"),
-        "trained_steps": draft.get("trained_steps", draft["step"]),
+        "trained_steps": draft["trained_steps"],
         "num_prompts": len(spec_toks),
         **summary_from_counts(total, k, tokens, wall, base_tokens, base_wall),
         "per_category": per_cat,
