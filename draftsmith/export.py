@@ -115,6 +115,16 @@ def _training(cfg: Config, row: dict) -> str:
     return f"{d.loss} (teacher: {d.teacher}, temperature {d.temperature}), {steps} steps, {batch}"
 
 
+def _comparisons(board: dict) -> str:
+    """The run's paired comparisons (distilled vs CE twin / init), or nothing."""
+    from draftsmith.evaluate.report import format_comparison
+
+    lines = [f"- {format_comparison(c)}" for c in board.get("comparisons", [])]
+    if not lines:
+        return ""
+    return "Against the run's other drafts, same prompts:\n" + "\n".join(lines) + "\n"
+
+
 def fixed_k_assistant(k: int) -> dict:
     """Generation-config fields that make transformers' assisted generation draft k per round.
 
@@ -192,6 +202,7 @@ Per-position acceptance (given the position was reached): {positions}
 |---|---|---|---|
 {cats}
 
+{_comparisons(board)}
 ### k sweep (recommended k = {k})
 | k | acceptance rate | mean accepted length | measured speedup | modelled speedup |
 |---|---|---|---|---|

@@ -89,7 +89,23 @@ def format_table(board: dict) -> str:
         f"best: {board['best']} by {board['select_metric']}; k sweep: {sweep}; "
         f"recommended k = {board['recommended_k']}"
     )
+    lines += [format_comparison(c) for c in board.get("comparisons", [])]
     return "\n".join(lines)
+
+
+def format_comparison(c: dict) -> str:
+    """One line: the acceptance difference, its paired-bootstrap interval, and the verdict."""
+    lo, hi = c["ci95"]
+    if lo > 0:
+        verdict = "better"
+    elif hi < 0:
+        verdict = "worse"
+    else:
+        verdict = "not distinguishable on these prompts"
+    return (
+        f"{c['draft']} vs {c['against']}: acceptance {c['diff']:+.3f} (95% CI {lo:+.3f} to "
+        f"{hi:+.3f}, paired bootstrap over {c['num_prompts']} prompts): {verdict}"
+    )
 
 
 # ----------------------------------------------------------------------------- plots

@@ -329,9 +329,10 @@ def _native_rows(cfg: Config, prompts: list[dict], drafts: list[dict], results_d
         f"({len(drafts) - len(todo)} cached), {len(prompts)} prompts, k={ev.num_speculative_tokens}"
     )
     base = runner.baseline()
-    rows = []
+    rows, per_prompt = [], {}
     for d in tqdm(drafts, desc="drafts", dynamic_ncols=True):
         data = runner.evaluate(d, ev.num_speculative_tokens, base)
+        per_prompt[d["name"]] = data["results"]
         rows.append(build_row(d, _draft_path(d), data, base, cfg, ev.num_speculative_tokens))
     best = pick_best(rows, ev.select_metric)
     best_draft = next(d for d in drafts if d["name"] == best["checkpoint"])
@@ -339,7 +340,30 @@ def _native_rows(cfg: Config, prompts: list[dict], drafts: list[dict], results_d
     for k in tqdm(ev.k_sweep, desc=f"k sweep {best['checkpoint']}", dynamic_ncols=True):
         data = runner.evaluate(best_draft, k, base)
         sweep.append(sweep_entry(build_row(best_draft, best["path"], data, base, cfg, k)))
-    return rows, best, sweep
+    return rows, best, sweep, compare_drafts(drafts, per_prompt, cfg.run.seed)
+
+
+def compare_drafts(drafts: list[dict], per_prompt: dict[str, list[dict]], seed: int) -> list[dict]:
+    """The last distilled checkpoint against the CE twin and the untrained init, paired by prompt.
+
+    These are the two claims a run's report makes (the loss beats plain cross-entropy, the
+    training beats doing nothing); the paired bootstrap interval says whether the prompts
+    measured can tell the drafts apart.
+    """
+    distilled = [d for d in drafts if d.get("role") == "distilled"]
+    if not distilled:
+        return []
+    last = distilled[-1]
+    out = []
+    for other in (d for d in drafts if d.get("role") in ("ce_twin", "init")):
+        diff = metrics.paired_acceptance_diff(
+            per_prompt[last["name"]], per_prompt[other["name"]], seed=seed
+        )
+        if diff is not None:
+            out.append(
+                {"draft": last["name"], "against": other["name"], "role": other["role"], **diff}
+            )
+    return out
 
 
 def run_evaluate(cfg: Config) -> None:
@@ -354,8 +378,9 @@ def run_evaluate(cfg: Config) -> None:
         from draftsmith.evaluate.vllm_backend import vllm_rows
 
         rows, best, sweep = vllm_rows(cfg, prompts, drafts)
+        comparisons = []  # vLLM reports pooled counters, not per-prompt ones
     else:
-        rows, best, sweep = _native_rows(cfg, prompts, drafts, results_dir)
+        rows, best, sweep, comparisons = _native_rows(cfg, prompts, drafts, results_dir)
     board = {
         "select_metric": ev.select_metric,
         "best": best["checkpoint"],
@@ -366,5 +391,6 @@ def run_evaluate(cfg: Config) -> None:
         "target": cfg.target.model,
         "backend": ev.backend,
         "rows": rows,
+        "comparisons": comparisons,
     }
     report.write_reports(cfg, board, eval_dir)

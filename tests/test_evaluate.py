@@ -128,7 +128,15 @@ def test_evaluate_ranks_checkpoints_and_writes_reports(run_dir, capsys):
     assert csv[0].startswith("checkpoint,step,acceptance_rate") and len(csv) == 4
     for name in ("acceptance_vs_step.png", "per_position_best.png", "k_sweep.png"):
         assert (run_dir / "eval" / name).stat().st_size > 1000
-    assert "*checkpoint-8" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "*checkpoint-8" in printed
+    # the last distilled checkpoint (the perfect draft) against the init, paired by prompt
+    (cmp,) = board["comparisons"]
+    assert (cmp["draft"], cmp["against"], cmp["role"]) == ("checkpoint-8", "checkpoint-0", "init")
+    diff = perfect["acceptance_rate"] - rows["checkpoint-0"]["acceptance_rate"]
+    assert cmp["diff"] == pytest.approx(diff) and diff > 0
+    assert cmp["ci95"][0] <= cmp["diff"] <= cmp["ci95"][1] and cmp["num_prompts"] == len(PROMPTS)
+    assert "checkpoint-8 vs checkpoint-0: acceptance +" in printed
 
 
 def test_rerun_evaluates_only_new_checkpoints(run_dir, target_dir):

@@ -128,3 +128,39 @@ def test_greedy_rounds_hand_computed():
     r = m.greedy_rounds([True, True, False, True, False, False], k=2)
     assert (r["proposed"], r["accepted"], r["rounds"]) == (4, 3, 3)
     assert r["accepted_at"] == [2, 1] and r["reached_at"] == [2, 2]
+
+
+def _counts(pairs):
+    return [{"accepted": a, "proposed": p} for a, p in pairs]
+
+
+def test_paired_acceptance_diff_point_value_and_identical_drafts():
+    a = _counts([(2, 4), (1, 4)])
+    b = _counts([(1, 4), (1, 4)])
+    out = m.paired_acceptance_diff(a, b, n_boot=500)
+    assert out["diff"] == pytest.approx(3 / 8 - 2 / 8)
+    assert out["ci95"][0] <= out["diff"] <= out["ci95"][1]
+    same = m.paired_acceptance_diff(a, a, n_boot=500)
+    assert same["diff"] == 0.0 and same["ci95"] == [0.0, 0.0] and same["share_a_better"] == 0.0
+
+
+def test_paired_acceptance_diff_interval_separates_only_consistent_wins():
+    # a beats b by 0.25 on every one of 20 prompts: every resample says so
+    a = _counts([(3, 4)] * 20)
+    b = _counts([(2, 4)] * 20)
+    win = m.paired_acceptance_diff(a, b, n_boot=500)
+    assert win["ci95"] == pytest.approx([0.25, 0.25]) and win["share_a_better"] == 1.0
+    # a wins big on half the prompts and loses as big on the other half: no verdict
+    a = _counts([(4, 4), (0, 4)] * 10)
+    b = _counts([(0, 4), (4, 4)] * 10)
+    tie = m.paired_acceptance_diff(a, b, n_boot=500)
+    assert tie["diff"] == 0.0 and tie["ci95"][0] < 0 < tie["ci95"][1]
+    assert 0.2 < tie["share_a_better"] < 0.8
+    # seeded: the same call gives the same interval
+    assert m.paired_acceptance_diff(a, b, n_boot=500) == tie
+
+
+def test_paired_acceptance_diff_rejects_unpaired_inputs():
+    assert m.paired_acceptance_diff(_counts([(1, 4)]), _counts([(1, 4), (1, 4)])) is None
+    assert m.paired_acceptance_diff([], []) is None
+    assert m.paired_acceptance_diff(_counts([(0, 0)]), _counts([(0, 0)])) is None

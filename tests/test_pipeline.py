@@ -76,6 +76,8 @@ def test_export_loads_and_serves_as_assistant_model(tiny_run):
     assert f"{best['acceptance_rate']:.3f}" in card and "vllm serve" in card
     assert "assistant_model=draft" in card
     assert "training: forward_kl" in card or "training: none" in card
+    (cmp,) = board["comparisons"]  # the last checkpoint against the init, paired by prompt
+    assert cmp["against"] == "checkpoint-0" and f"{cmp['diff']:+.3f}" in card
     gen = json.loads((out / "generation_config.json").read_text())
     assert gen["num_assistant_tokens"] == board["recommended_k"]
     assert gen["assistant_confidence_threshold"] == 0.0  # k drafts a round, as measured
