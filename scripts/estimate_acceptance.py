@@ -10,7 +10,8 @@ runs each draft once over prompt + reference, and replays the rounds with
 evaluate.metrics.greedy_rounds. The counts equal the engine's (tests/test_specdec.py), up
 to fp32 near-ties between a batched pass and cached decoding; there are no timings, so
 speedup still needs `draftsmith evaluate`. Used to compare configs for the default (README).
-Without CHECKPOINT_DIRs: every checkpoint of the run and its CE twin.
+Every draft after the first also gets its acceptance difference from the first, with a 95%
+paired-bootstrap interval over the prompts. Without CHECKPOINT_DIRs: every checkpoint of the run and its CE twin.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def agreement(draft, refs: list[dict]) -> list[list[bool]]:
 
 
 def summary(agree: list[list[bool]], k: int) -> dict:
-    rounds = [metrics.greedy_rounds(a, k) for a in agree]
+    rounds = [metrics.greedy_rounds(a, k) for a in agree]  # per prompt
     tot = {key: sum(r[key] for r in rounds) for key in ("proposed", "accepted", "rounds")}
     acc_at = [sum(r["accepted_at"][i] for r in rounds) for i in range(k)]
     reach_at = [sum(r["reached_at"][i] for r in rounds) for i in range(k)]
@@ -64,6 +65,7 @@ def summary(agree: list[list[bool]], k: int) -> dict:
         "acceptance_rate": metrics.acceptance_rate(tot["accepted"], tot["proposed"]),
         "alpha": metrics.alpha(acc_at, reach_at),
         "mean_accepted_length": sum(map(len, agree)) / tot["rounds"],
+        "rounds": rounds,
     }
 
 
@@ -83,13 +85,22 @@ def main() -> None:
         for _, p in list_checkpoints(d)
     ]
     print(f"{len(refs)} held-out prompts x {args.max_new_tokens} target tokens, greedy, k={args.k}")
+    first = None
     for path in ckpts:
         draft = load_model(str(path), device=torch.device("cpu"), dtype=torch.float32)
         s = summary(agreement(draft, refs), args.k)
-        print(
+        line = (
             f"{path}: acceptance {s['acceptance_rate']:.3f}  alpha {s['alpha']:.3f}  "
             f"tokens/target forward {s['mean_accepted_length']:.2f}"
         )
+        if first is None:
+            first = s
+        else:  # paired by prompt against the first draft named (metrics.paired_acceptance_diff)
+            c = metrics.paired_acceptance_diff(s["rounds"], first["rounds"], seed=cfg.run.seed)
+            line += (
+                f"  vs first {c['diff']:+.3f} (95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f})"
+            )
+        print(line)
 
 
 if __name__ == "__main__":
