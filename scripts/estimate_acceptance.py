@@ -11,7 +11,8 @@ evaluate.metrics.greedy_rounds. The counts equal the engine's (tests/test_specde
 to fp32 near-ties between a batched pass and cached decoding; there are no timings, so
 speedup still needs `draftsmith evaluate`. Used to compare configs for the default (README).
 Every draft after the first also gets its acceptance difference from the first, with a 95%
-paired-bootstrap interval over the prompts. Without CHECKPOINT_DIRs: every checkpoint of the run and its CE twin.
+paired-bootstrap interval over the prompts. Without CHECKPOINT_DIRs: every checkpoint of
+the run and its CE twin.
 """
 
 from __future__ import annotations
@@ -95,11 +96,9 @@ def main() -> None:
         )
         if first is None:
             first = s
-        else:  # paired by prompt against the first draft named (metrics.paired_acceptance_diff)
-            c = metrics.paired_acceptance_diff(s["rounds"], first["rounds"], seed=cfg.run.seed)
-            line += (
-                f"  vs first {c['diff']:+.3f} (95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f})"
-            )
+        elif c := metrics.paired_acceptance_diff(s["rounds"], first["rounds"], seed=cfg.run.seed):
+            lo, hi = c["ci95"]  # paired by prompt against the first draft named
+            line += f"  vs first {c['diff']:+.3f} (95% CI {lo:+.3f} to {hi:+.3f})"
         print(line)
 
 
