@@ -95,7 +95,13 @@ def _data_summary(cfg: Config) -> str:
         "num_skipped",
     )
     facts = ", ".join(f"{k.replace('num_', '')}: {meta[k]}" for k in keys if k in meta)
-    return f"- prompt sources: {sources}\n- {facts}"
+    out = f"- prompt sources: {sources}\n- {facts}"
+    sampling = meta.get("sampling")
+    if sampling:  # greedy or sampled target text changes what the losses learn (README)
+        t = sampling.get("temperature")
+        how = "greedy" if t == 0 else f"sampled at temperature {t}, top-p {sampling.get('top_p')}"
+        out += f"\n- target outputs: {how}, at most {sampling.get('max_new_tokens')} new tokens"
+    return out
 
 
 def _training(cfg: Config, row: dict) -> str:

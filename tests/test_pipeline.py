@@ -76,6 +76,7 @@ def test_export_loads_and_serves_as_assistant_model(tiny_run):
     assert f"{best['acceptance_rate']:.3f}" in card and "vllm serve" in card
     assert "assistant_model=draft" in card
     assert "training: forward_kl" in card or "training: none" in card
+    assert "- target outputs: greedy, at most 16 new tokens" in card  # configs/tiny.yaml
     (cmp,) = board["comparisons"]  # the last checkpoint against the init, paired by prompt
     assert cmp["against"] == "checkpoint-0" and f"{cmp['diff']:+.3f}" in card
     gen = json.loads((out / "generation_config.json").read_text())
