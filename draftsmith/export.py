@@ -14,6 +14,7 @@ from pathlib import Path
 
 from draftsmith.config import Config
 from draftsmith.errors import DraftsmithError
+from draftsmith.evaluate.report import format_comparison
 from draftsmith.io import atomic_dir, atomic_write_json
 from draftsmith.models import resolve_model
 
@@ -123,8 +124,6 @@ def _training(cfg: Config, row: dict) -> str:
 
 def _comparisons(board: dict) -> str:
     """The run's paired comparisons (distilled vs CE twin / init), or nothing."""
-    from draftsmith.evaluate.report import format_comparison
-
     lines = [f"- {format_comparison(c)}" for c in board.get("comparisons", [])]
     if not lines:
         return ""
