@@ -148,6 +148,47 @@ def decode_batch(
     return out
 
 
+def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask), both (B, T), padded on the right (no cache: positions 0..)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def score_batch(
+    model, pairs: list[tuple[list[int], list[int]]], *, pad_id: int, topk: int
+) -> list[Completion]:
+    """Teacher-forced scoring: the target's top-k log-probs at every reply token, one forward.
+
+    pairs: (prompt_ids, reply_ids). The sequence prompt + reply[:-1] is fed once; position
+    len(prompt) - 1 + j predicts reply token j, so the C reply tokens get their teacher rows
+    from the last C positions, exactly as `decode_batch` records them while writing. The head
+    runs only on those positions: (N, H) @ (H, V), never a (B, T, V) tensor.
+    """
+    device = next(model.parameters()).device
+    ids, mask = right_pad([p + r[:-1] for p, r in pairs], pad_id)  # (B, T)
+    body = getattr(model, model.base_model_prefix)
+    hidden = body(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
+    pick = torch.zeros_like(mask, dtype=torch.bool)  # (B, T): positions predicting a reply token
+    for b, (p, r) in enumerate(pairs):
+        pick[b, len(p) - 1 : len(p) - 1 + len(r)] = True
+    logits = model.get_output_embeddings()(hidden[pick.to(device)])  # (N, V)
+    top = torch.log_softmax(logits.float(), -1).topk(topk, -1)  # (N, k) each
+    ids_rows, lp_rows = top.indices.tolist(), top.values.tolist()
+    out, at = [], 0
+    for _, r in pairs:
+        c = Completion(list(r), "reference")
+        c.topk_ids, c.topk_logprobs = ids_rows[at : at + len(r)], lp_rows[at : at + len(r)]
+        out.append(c)
+        at += len(r)
+    return out
+
+
 class HFBackend:
     """Generates for a list of prompt-id lists; `n` completions per prompt."""
 
@@ -199,4 +240,24 @@ class HFBackend:
                 results[i] = comps
             if on_batch:
                 on_batch(len(idx), sum(len(c.token_ids) for cs in got for c in cs))
+        return results
+
+    def score(
+        self,
+        pairs: list[tuple[list[int], list[int]]],
+        on_batch: Callable[[int, int], None] | None = None,
+    ) -> list[Completion]:
+        """Existing replies scored by the target, bucketed by length like `generate`."""
+        cap = self.dcfg.max_batch_tokens
+        lengths = [len(p) + len(r) for p, r in pairs]
+        buckets = length_buckets(lengths, self.dcfg.batch_size, cap)
+        results: list[Completion | None] = [None] * len(pairs)
+        for idx in buckets:
+            got = score_batch(
+                self.model, [pairs[i] for i in idx], pad_id=self.pad_id, topk=self.dcfg.topk_logprobs
+            )
+            for i, c in zip(idx, got):
+                results[i] = c
+            if on_batch:
+                on_batch(len(idx), sum(len(c.token_ids) for c in got))
         return results

@@ -168,28 +168,38 @@ def per_category(
     return out
 
 
-def greedy_rounds(agree: Sequence[bool], k: int) -> dict:
+def greedy_rounds(agree: Sequence[bool], k: int, budget: int | None = None) -> dict:
     """The rounds greedy speculative decoding takes, from teacher-forced agreement alone.
 
     agree[i]: the draft's argmax, fed the prompt and the target's own first i output tokens,
     equals the target's token i. Greedy rounds only ever extend the target's own output, so
-    a round starting at token i accepts the agreeing run from i (at most k_round drafts,
-    never drafting past the budget) and then emits the target's token: one teacher-forced
-    draft pass gives every count the engine reports (tests/test_specdec.py checks this).
+    a round starting at token i accepts the agreeing run from i (at most k_round drafts)
+    and then emits the target's token: one teacher-forced draft pass gives every count the
+    engine reports (tests/test_specdec.py and tests/test_teacher_forced.py check this).
+
+    budget: the max_new_tokens the output was decoded under (default: its length, i.e. it
+    stopped at the budget). A round never drafts past the budget (k_round = min(k, budget -
+    i - 1)); an output that ended with EOS before the budget still drafted full rounds, and
+    when the draft agreed through that EOS the round emits only up to it.
     """
     n, i = len(agree), 0
+    budget = n if budget is None else budget
     out = {"proposed": 0, "accepted": 0, "rounds": 0, "accepted_at": [0] * k, "reached_at": [0] * k}
     while i < n:
-        k_round = min(k, n - i - 1)
+        k_round = min(k, budget - i - 1)
         acc = 0
-        while acc < k_round and agree[i + acc]:
+        while acc < k_round and i + acc < n and agree[i + acc]:
             acc += 1
-        for j in range(min(acc + 1, k_round)):
+        if i + acc == n:  # agreed through the final (EOS) token: the round ends the output
+            reached = emitted = n - i
+        else:
+            reached, emitted = min(acc + 1, k_round), acc
+        for j in range(reached):
             out["reached_at"][j] += 1
-        for j in range(acc):
+        for j in range(emitted):
             out["accepted_at"][j] += 1
         out["proposed"] += k_round
-        out["accepted"] += acc
+        out["accepted"] += emitted
         out["rounds"] += 1
         i += acc + 1
     return out
