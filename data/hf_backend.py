@@ -254,7 +254,10 @@ class HFBackend:
         results: list[Completion | None] = [None] * len(pairs)
         for idx in buckets:
             got = score_batch(
-                self.model, [pairs[i] for i in idx], pad_id=self.pad_id, topk=self.dcfg.topk_logprobs
+                self.model,
+                [pairs[i] for i in idx],
+                pad_id=self.pad_id,
+                topk=self.dcfg.topk_logprobs,
             )
             for i, c in zip(idx, got):
                 results[i] = c

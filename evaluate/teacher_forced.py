@@ -75,5 +75,11 @@ def teacher_forced_results(
     out = []
     for r in refs:
         agree = draft_agreement(draft, r["prompt_ids"], r["tokens"], vocab)
-        out.append({"id": r["id"], "category": r["category"], **replay(agree, r["tokens"], k, max_new_tokens)})
+        out.append(
+            {
+                "id": r["id"],
+                "category": r["category"],
+                **replay(agree, r["tokens"], k, max_new_tokens),
+            }
+        )
     return out

@@ -1,73 +1,60 @@
 """Greedy acceptance of drafts from one teacher-forced pass: an evaluation in seconds.
 
-    python scripts/estimate_acceptance.py RUN_DIR [CHECKPOINT_DIR ...] [--k 4] [--max-new-tokens 48]
+    python scripts/estimate_acceptance.py RUN_DIR [CHECKPOINT_DIR ...] [--k 4]
+        [--max-new-tokens 48] [--prompts FILE.jsonl]
 
 Greedy speculative decoding only ever extends the target's own output, so whether a draft
 token is accepted is fixed by one question per position: does the draft's argmax, given
 the prompt and the target's own prefix, equal the target's token? The script decodes the
-run's held-out prompts once with the target (cached in RUN_DIR/eval/greedy-refs-<n>.json),
-runs each draft once over prompt + reference, and replays the rounds with
-evaluate.metrics.greedy_rounds. The counts equal the engine's (tests/test_specdec.py), up
-to fp32 near-ties between a batched pass and cached decoding; there are no timings, so
-speedup still needs `draftsmith evaluate`. Used to compare configs for the default (README).
-Every draft after the first also gets its acceptance difference from the first, with a 95%
-paired-bootstrap interval over the prompts. Without CHECKPOINT_DIRs: every checkpoint of
-the run and its CE twin.
+prompts once with the target (cached in RUN_DIR/eval/greedy-refs-<prompts>-<n>.json), runs
+each draft once over prompt + reference and replays the rounds
+(draftsmith.evaluate.teacher_forced, whose counts equal the engine's:
+tests/test_teacher_forced.py); there are no timings, so speedup still needs `draftsmith
+evaluate`. Prompts: the run's held-out prompts, or any jsonl of {"id", "category",
+"prompt_ids"} (e.g. an eval set written by generate). Every draft after the first also gets
+its acceptance difference from the first, with a 95% paired-bootstrap interval over the
+prompts. Without CHECKPOINT_DIRs: every checkpoint of the run and its CE twin.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig
 
 from draftsmith.config import load_config
 from draftsmith.distill import list_checkpoints
 from draftsmith.evaluate import metrics
 from draftsmith.evaluate.engine import SpeculativeDecoder, eos_token_ids
 from draftsmith.evaluate.prompts import load_prompts, select_prompts
+from draftsmith.evaluate.teacher_forced import teacher_forced_results
 from draftsmith.io import atomic_write_json
-from draftsmith.models import load_model, load_tokenizer
+from draftsmith.models import load_model, load_tokenizer, resolve_model
 
 
-def target_refs(run: Path, cfg, max_new: int) -> list[dict]:
-    """The target's greedy output for each eval prompt (computed once, then cached)."""
-    path = run / "eval" / f"greedy-refs-{max_new}.json"
+def read_prompts(run: Path, cfg, prompts_file: Path | None) -> tuple[list[dict], str]:
+    if prompts_file is None:
+        return select_prompts(load_prompts(run), cfg.evaluate.max_prompts), "heldout"
+    rows = [json.loads(line) for line in prompts_file.read_text().splitlines() if line.strip()]
+    return rows, hashlib.sha256(prompts_file.read_bytes()).hexdigest()[:10]
+
+
+def target_refs(run: Path, cfg, prompts: list[dict], tag: str, max_new: int) -> list[dict]:
+    """The target's greedy output for each prompt (batch-1 engine decoding, cached)."""
+    path = run / "eval" / f"greedy-refs-{tag}-{max_new}.json"
     if path.is_file():
         return json.loads(path.read_text())
-    prompts = select_prompts(load_prompts(run), cfg.evaluate.max_prompts)
     target = load_model(cfg.target.model, device=torch.device("cpu"), dtype=torch.float32)
-    tok = load_tokenizer(cfg.target.model)
-    decoder = SpeculativeDecoder(target, eos_ids=eos_token_ids(tok, target))
+    decoder = SpeculativeDecoder(
+        target, eos_ids=eos_token_ids(load_tokenizer(cfg.target.model), target)
+    )
     refs = [{**p, "tokens": decoder.generate(p["prompt_ids"], max_new).tokens} for p in prompts]
     atomic_write_json(path, refs)
     return refs
-
-
-@torch.inference_mode()
-def agreement(draft, refs: list[dict]) -> list[list[bool]]:
-    """Per prompt, per target token: does the draft's teacher-forced argmax match it?"""
-    out = []
-    for r in refs:
-        ids = torch.tensor([r["prompt_ids"] + r["tokens"][:-1]])
-        logits = draft(input_ids=ids, logits_to_keep=len(r["tokens"])).logits[0]  # (n, V)
-        out.append((logits.argmax(-1) == torch.tensor(r["tokens"])).tolist())
-    return out
-
-
-def summary(agree: list[list[bool]], k: int) -> dict:
-    rounds = [metrics.greedy_rounds(a, k) for a in agree]  # per prompt
-    tot = {key: sum(r[key] for r in rounds) for key in ("proposed", "accepted", "rounds")}
-    acc_at = [sum(r["accepted_at"][i] for r in rounds) for i in range(k)]
-    reach_at = [sum(r["reached_at"][i] for r in rounds) for i in range(k)]
-    return {
-        "acceptance_rate": metrics.acceptance_rate(tot["accepted"], tot["proposed"]),
-        "alpha": metrics.alpha(acc_at, reach_at),
-        "mean_accepted_length": sum(map(len, agree)) / tot["rounds"],
-        "rounds": rounds,
-    }
 
 
 def main() -> None:
@@ -76,30 +63,38 @@ def main() -> None:
     ap.add_argument("checkpoints", nargs="*", type=Path)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--prompts", type=Path, default=None, help="jsonl of prompts with prompt_ids")
     args = ap.parse_args()
     torch.set_num_threads(2)
     cfg = load_config(args.run_dir / "config.yaml")
-    refs = target_refs(args.run_dir, cfg, args.max_new_tokens)
+    prompts, tag = read_prompts(args.run_dir, cfg, args.prompts)
+    refs = target_refs(args.run_dir, cfg, prompts, tag, args.max_new_tokens)
     ckpts = args.checkpoints or [
         p
         for d in (args.run_dir / "checkpoints", args.run_dir / "ablations" / "ce")
         for _, p in list_checkpoints(d)
     ]
-    print(f"{len(refs)} held-out prompts x {args.max_new_tokens} target tokens, greedy, k={args.k}")
+    print(f"{len(refs)} prompts ({tag}) x {args.max_new_tokens} target tokens, greedy, k={args.k}")
     first = None
+    vocab = AutoConfig.from_pretrained(resolve_model(cfg.target.model)).get_text_config().vocab_size
     for path in ckpts:
         draft = load_model(str(path), device=torch.device("cpu"), dtype=torch.float32)
-        s = summary(agreement(draft, refs), args.k)
+        rows = teacher_forced_results(draft, refs, args.k, args.max_new_tokens, vocab)
+        s = metrics.summarize(rows, rows, args.k)
+        cats = metrics.per_category(rows, rows, [r["category"] for r in rows], args.k)
         line = (
             f"{path}: acceptance {s['acceptance_rate']:.3f}  alpha {s['alpha']:.3f}  "
             f"tokens/target forward {s['mean_accepted_length']:.2f}"
         )
         if first is None:
-            first = s
-        elif c := metrics.paired_acceptance_diff(s["rounds"], first["rounds"], seed=cfg.run.seed):
+            first = rows
+        elif c := metrics.paired_acceptance_diff(rows, first, seed=cfg.run.seed):
             lo, hi = c["ci95"]  # paired by prompt against the first draft named
             line += f"  vs first {c['diff']:+.3f} (95% CI {lo:+.3f} to {hi:+.3f})"
         print(line)
+        print(
+            "    alpha by category: " + ", ".join(f"{k} {v['alpha']:.3f}" for k, v in cats.items())
+        )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ PROMPTS = [[5, 9, 3, 17, 11], [1, 2], [30, 7, 7, 7, 2, 19, 4]]
 COUNTS = ("tokens", "proposed", "accepted", "accepted_at", "reached_at", "target_forwards")
 
 
-@pytest.mark.parametrize("seed,k,noise,eos", [(0, 4, 0.3, ()), (2, 2, 0.2, (18,)), (3, 6, 0.25, (8,))])
+@pytest.mark.parametrize(
+    "seed,k,noise,eos", [(0, 4, 0.3, ()), (2, 2, 0.2, (18,)), (3, 6, 0.25, (8,))]
+)
 def test_teacher_forced_counts_equal_the_engine(seed, k, noise, eos):
     target, draft = tiny_pair(seed, noise=noise)
     base = SpeculativeDecoder(target, eos_ids=eos)
