@@ -26,10 +26,10 @@ import torch
 from draftsmith.config import load_config
 from draftsmith.distill import list_checkpoints
 from draftsmith.evaluate import metrics
-from draftsmith.evaluate.engine import SpeculativeDecoder, eos_token_ids
+from draftsmith.evaluate.engine import SpeculativeDecoder
 from draftsmith.evaluate.prompts import load_prompts, select_prompts
 from draftsmith.io import atomic_write_json
-from draftsmith.models import load_model, load_tokenizer
+from draftsmith.models import eos_token_ids, load_model, load_target, load_target_tokenizer
 
 
 def target_refs(run: Path, cfg, max_new: int) -> list[dict]:
@@ -38,9 +38,9 @@ def target_refs(run: Path, cfg, max_new: int) -> list[dict]:
     if path.is_file():
         return json.loads(path.read_text())
     prompts = select_prompts(load_prompts(run), cfg.evaluate.max_prompts)
-    target = load_model(cfg.target.model, device=torch.device("cpu"), dtype=torch.float32)
-    tok = load_tokenizer(cfg.target.model)
-    decoder = SpeculativeDecoder(target, eos_ids=eos_token_ids(tok, target))
+    target = load_target(cfg.target, torch.device("cpu"), torch.float32)
+    tok = load_target_tokenizer(cfg.target)
+    decoder = SpeculativeDecoder(target, eos_ids=eos_token_ids(tok, target.generation_config))
     refs = [{**p, "tokens": decoder.generate(p["prompt_ids"], max_new).tokens} for p in prompts]
     atomic_write_json(path, refs)
     return refs
