@@ -120,7 +120,7 @@ class DataConfig:
     batch_size: int = field(default=16, metadata=_range(ge=1))
     # HF backend: a batch also stays under this many sequence x (prompt + max_new_tokens)
     # tokens. Each decode step reads the whole KV cache, so long prompts in a full batch
-    # decode slower per token than in a smaller one (README, Benchmarks). null: batch_size alone.
+    # decode slower per token than in a smaller one (README, Config reference). null: batch_size alone.
     max_batch_tokens: int | None = field(default=16384, metadata=_range(ge=1))
     shard_size: int = field(default=64, metadata=_range(ge=1))
     topk_logprobs: int = field(default=0, metadata=_range(ge=0))  # 0: store none

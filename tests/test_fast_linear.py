@@ -106,3 +106,13 @@ def test_engine_tokens_and_counts_do_not_depend_on_it(k):
     assert runs[0].tokens == runs[1].tokens
     assert (runs[0].proposed, runs[0].accepted) == (runs[1].proposed, runs[1].accepted)
     assert runs[0].accepted > 0  # the draft is neither useless nor the check vacuous
+
+
+@pytest.mark.gpu
+def test_on_cuda_forwards_keep_f_linear_and_decoding_stays_lossless(spy):
+    target, draft = (m.cuda() for m in tiny_pair(3, noise=0.3))
+    prompt = [5, 7, 11, 13]
+    spec = SpeculativeDecoder(target, draft, k=3, eos_ids=[2]).generate(prompt, 24)
+    base = SpeculativeDecoder(target, None, eos_ids=[2]).generate(prompt, 24)
+    assert spy == []  # CUDA inputs never take the few-row path
+    assert spec.tokens == base.tokens and spec.accepted > 0  # float64: no near-tie flips
