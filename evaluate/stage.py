@@ -8,7 +8,8 @@ the best draft -> leaderboard.{json,csv}, plots, a printed table and a W&B log.
 Cache files live in <out>/eval/results/: `target-only-<settings>.json` and
 `<draft>-k<k>-t<temperature>.json`, each holding the settings they were measured under; a
 file whose settings differ (other prompts, max_new_tokens, target, a rewritten checkpoint) is
-measured again. Writes are atomic, so a killed run leaves no half result.
+measured again. Models are identified by content (models.model_fingerprint), so a copied
+run dir reuses its results. Writes are atomic, so a killed run leaves no half result.
 """
 
 from __future__ import annotations
