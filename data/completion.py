@@ -9,7 +9,7 @@ A completion without EOS stopped at `max_new_tokens` (finish_reason "length").
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
@@ -18,7 +18,6 @@ class Completion:
     finish_reason: str  # "stop" (ended with EOS) | "length"
     topk_ids: list[list[int]] | None = None  # (C, k)
     topk_logprobs: list[list[float]] | None = None  # (C, k), float32, temperature 1
-    extra: dict = field(default_factory=dict)
 
 
 def cut_at_eos(token_ids: list[int], eos_ids: set[int]) -> tuple[int, str]:
@@ -27,16 +26,3 @@ def cut_at_eos(token_ids: list[int], eos_ids: set[int]) -> tuple[int, str]:
         if t in eos_ids:
             return i + 1, "stop"
     return len(token_ids), "length"
-
-
-def eos_ids_of(tokenizer, generation_config=None) -> set[int]:
-    """Every id that ends a turn: the tokenizer's EOS and the model's generation-config EOS."""
-    ids = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    gen_eos = getattr(generation_config, "eos_token_id", None)
-    if isinstance(gen_eos, int):
-        ids.add(gen_eos)
-    elif gen_eos:
-        ids.update(int(t) for t in gen_eos)
-    return ids

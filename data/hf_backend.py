@@ -21,8 +21,9 @@ from collections.abc import Callable
 import torch
 
 from draftsmith.config import DataConfig
-from draftsmith.data.completion import Completion, eos_ids_of
+from draftsmith.data.completion import Completion
 from draftsmith.kv_cache import cache_kwarg, new_cache
+from draftsmith.models import eos_token_ids
 from draftsmith.sampling import SamplingConfig, sampling_probs
 
 
@@ -195,7 +196,7 @@ class HFBackend:
     def __init__(self, model, tokenizer, dcfg: DataConfig):
         self.model, self.dcfg = model, dcfg
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.eos_ids = eos_ids_of(tokenizer, model.generation_config)
+        self.eos_ids = eos_token_ids(tokenizer, model.generation_config)
         self.sampling = SamplingConfig(dcfg.temperature, dcfg.top_p, dcfg.top_k)
 
     def generate_batch(self, prompts: list[list[int]], seed: int) -> list[list[Completion]]:

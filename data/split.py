@@ -12,12 +12,6 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from typing import Protocol
-
-
-class Keyed(Protocol):
-    key: str
-    category: str
 
 
 def rank(key: str, seed: int) -> int:

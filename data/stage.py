@@ -26,12 +26,21 @@ from tqdm.auto import tqdm
 
 from draftsmith.config import Config, PromptSource
 from draftsmith.data import shards
-from draftsmith.data.completion import eos_ids_of
 from draftsmith.data.neardup import EvalIndex
 from draftsmith.data.sources import Prompt, dedupe, encode, load_source, render, source_label
 from draftsmith.data.split import balanced_take, split_prompts
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.io import atomic_dir, atomic_write_json, atomic_write_text
+from draftsmith.models import (
+    eos_token_ids,
+    load_target,
+    load_target_config,
+    load_target_generation_config,
+    load_target_tokenizer,
+    model_fingerprint,
+    pick_device,
+    resolve_model,
+)
 
 TOPK_DTYPE = "float32"
 
@@ -214,67 +223,19 @@ def settings(cfg: Config) -> dict:
     return {"target": dataclasses.asdict(cfg.target), "seed": cfg.run.seed, "data": data}
 
 
-def model_fingerprint(path: str) -> str | None:
-    """A quick identity for a local model dir: sha256 of config.json and each weight file's
-    size plus first and last MiB (hashing gigabytes would cost minutes). None for hub ids."""
-    root = Path(path)
-    if not root.is_dir():
-        return None
-    h = hashlib.sha256((root / "config.json").read_bytes())
-    for f in sorted(root.glob("*.safetensors")):
-        size = f.stat().st_size
-        h.update(f"{f.name}:{size}".encode())
-        with open(f, "rb") as fh:
-            h.update(fh.read(1 << 20))
-            fh.seek(max(0, size - (1 << 20)))
-            h.update(fh.read())
-    return "sha256-quick:" + h.hexdigest()
-
-
 # ----------------------------------------------------------------------------- backends
-
-
-def load_target_config(cfg: Config):
-    from transformers import AutoConfig
-
-    from draftsmith.models import resolve_model
-
-    path = resolve_model(cfg.target.model, key="target.model")
-    try:
-        mcfg = AutoConfig.from_pretrained(
-            path, revision=cfg.target.revision, trust_remote_code=cfg.target.trust_remote_code
-        )
-    except OSError as e:
-        raise DraftsmithError(
-            f"target.model: cannot load {cfg.target.model}: {str(e).splitlines()[0]}"
-        ) from None
-    return path, mcfg
 
 
 def make_backend(cfg: Config, tokenizer, model_path: str):
     if cfg.data.backend == "vllm":
-        from transformers import GenerationConfig
-
         from draftsmith.data.vllm_backend import VllmBackend
 
-        try:
-            gen = GenerationConfig.from_pretrained(model_path)
-        except OSError:
-            gen = None
-        return VllmBackend(cfg, model_path, eos_ids_of(tokenizer, gen))
+        eos = eos_token_ids(tokenizer, load_target_generation_config(cfg.target))
+        return VllmBackend(cfg, model_path, eos)
 
     from draftsmith.data.hf_backend import HFBackend
-    from draftsmith.models import load_model, pick_device, pick_dtype
 
-    device = pick_device(cfg.run.device)
-    model = load_model(
-        cfg.target.model,
-        device=device,
-        dtype=pick_dtype(cfg.target.dtype, device),
-        trust_remote_code=cfg.target.trust_remote_code,
-        revision=cfg.target.revision,
-        key="target.model",
-    )
+    model = load_target(cfg.target, pick_device(cfg.run.device))
     return HFBackend(model, tokenizer, cfg.data)
 
 
@@ -444,19 +405,13 @@ def run_generate(cfg: Config) -> None:
     if meta is not None:
         print(f"generate: {data_dir} is complete ({meta['num_completions']} completions); skipping")
         return
-    from draftsmith.models import load_tokenizer
-
     if cfg.data.backend == "vllm":
-        from draftsmith.data.vllm_backend import import_vllm
+        from draftsmith.vllm_compat import import_vllm
 
-        import_vllm()  # a missing vLLM is a user error: say so before anything is written
-    model_path, model_config = load_target_config(cfg)
-    tokenizer = load_tokenizer(
-        cfg.target.model,
-        trust_remote_code=cfg.target.trust_remote_code,
-        revision=cfg.target.revision,
-        key="target.model",
-    )
+        import_vllm("data.backend")  # a missing or old vLLM: say so before anything is written
+    model_path = resolve_model(cfg.target.model, "target.model")
+    model_config = load_target_config(cfg.target)
+    tokenizer = load_target_tokenizer(cfg.target)
     prep = prepare_prompts(cfg, tokenizer, model_config)  # every user error is raised by here
     plan = chunk(prep.train, cfg.data.shard_size)
     shards.prepare(

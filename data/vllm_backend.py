@@ -18,34 +18,7 @@ from collections.abc import Callable
 from draftsmith.config import Config, DataConfig
 from draftsmith.data.completion import Completion, cut_at_eos
 from draftsmith.errors import DraftsmithError
-
-
-def import_vllm():
-    try:
-        import vllm
-    except ImportError:
-        raise DraftsmithError(
-            "data.backend: 'vllm' needs vLLM, which is not installed (pip install 'draftsmith[vllm]' "
-            "on a CUDA machine), or set data.backend=hf"
-        ) from None
-    return vllm
-
-
-def engine_kwargs(cfg: Config, model_path: str) -> dict:
-    v = cfg.data.vllm
-    kw = dict(
-        model=model_path,
-        tensor_parallel_size=v.tensor_parallel_size,
-        dtype=cfg.target.dtype,  # "auto" | "float32" | "bfloat16" | "float16": vLLM's names
-        gpu_memory_utilization=v.gpu_memory_utilization,
-        seed=cfg.run.seed,
-        trust_remote_code=cfg.target.trust_remote_code,
-    )
-    if v.max_model_len is not None:
-        kw["max_model_len"] = v.max_model_len
-    if cfg.target.revision:
-        kw["revision"] = cfg.target.revision
-    return kw
+from draftsmith.vllm_compat import engine_kwargs, import_vllm
 
 
 def sampling_kwargs(dcfg: DataConfig, seed: int, eos_ids: set[int]) -> dict:
@@ -95,9 +68,9 @@ def completions_from_outputs(outputs, k: int, eos_ids: set[int]) -> list[list[Co
 
 class VllmBackend:
     def __init__(self, cfg: Config, model_path: str, eos_ids: set[int]):
-        self.vllm = import_vllm()
+        self.vllm = import_vllm("data.backend")
         self.dcfg, self.eos_ids = cfg.data, eos_ids
-        self.llm = self.vllm.LLM(**engine_kwargs(cfg, model_path))
+        self.llm = self.vllm.LLM(**engine_kwargs(cfg, cfg.data.vllm, model_path))
 
     def generate(
         self,

@@ -47,7 +47,6 @@ class Batch:
     loss_mask: Tensor  # (B, T) bool: positions that predict a completion token
     labels: Tensor  # (N,) the completion tokens, in loss_mask order (row-major)
     topk: TopK | None  # (N, k) the offline teacher, same order
-    prompt_lens: list[int]
 
     @property
     def num_tokens(self) -> int:
@@ -61,7 +60,6 @@ class Batch:
             self.loss_mask.to(device),
             self.labels.to(device),
             topk,
-            self.prompt_lens,
         )
 
 
@@ -179,6 +177,4 @@ def collate(examples: list[Example], pad_id: int) -> Batch:
         ids = torch.tensor([row for ex in examples for row in ex.topk_ids], dtype=torch.long)
         lps = torch.tensor([row for ex in examples for row in ex.topk_logprobs])
         topk = TopK(ids, lps.float())  # (N, k)
-    return Batch(
-        input_ids, attention_mask, loss_mask, labels, topk, [len(e.prompt_ids) for e in examples]
-    )
+    return Batch(input_ids, attention_mask, loss_mask, labels, topk)

@@ -28,13 +28,15 @@ buckets (the rest bucket is tempered as if it were one token: an approximation).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-LOSSES = ("forward_kl", "reverse_kl", "jsd", "tvd", "ce")
+from draftsmith.config import LossName
+
+LOSSES = get_args(LossName)  # the config's choices; distill_loss dispatches each
 
 # A "rest" bucket lighter than _REST_NOISE is fp32 rounding of 1 - sum(k probs), not mass:
 # it is set to _MIN_REST_MASS, which keeps its log (and the gradients) finite and stops the

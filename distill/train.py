@@ -58,7 +58,14 @@ from draftsmith.distill.teacher import (
 )
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.io import clean_stale_temps
-from draftsmith.models import count_parameters, load_model, load_tokenizer, pick_device, pick_dtype
+from draftsmith.models import (
+    count_parameters,
+    load_target,
+    load_target_config,
+    load_target_tokenizer,
+    load_tokenizer,
+    pick_device,
+)
 from draftsmith.tracking import wandb_run
 
 
@@ -286,18 +293,10 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
     random.seed(cfg.run.seed)
     need_topk = loss_name != "ce" and dcfg.teacher == "offline"
     data = TrainData(load_train_dataset(cfg.output_dir), dcfg.max_seq_len, need_topk)
-    target_tok = load_tokenizer(cfg.target.model, key="target.model")
+    target_tok = load_target_tokenizer(cfg.target)
     target = None
     if _uses_target(cfg, loss_name) or resume is None:
-        t_dtype = pick_dtype(cfg.target.dtype, acc.device)
-        target = load_model(
-            cfg.target.model,
-            device=acc.device,
-            dtype=t_dtype,
-            trust_remote_code=cfg.target.trust_remote_code,
-            revision=cfg.target.revision,
-            key="target.model",
-        )
+        target = load_target(cfg.target, acc.device)
     draft, tok, init = load_draft(cfg, resume, target, target_tok, acc.device)
     say = acc.print
     info = describe(draft, _target_config(cfg, target), say)
@@ -342,17 +341,7 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
 
 
 def _target_config(cfg: Config, target):
-    if target is not None:
-        return target.config
-    from transformers import AutoConfig
-
-    from draftsmith.models import resolve_model
-
-    return AutoConfig.from_pretrained(
-        resolve_model(cfg.target.model, "target.model"),
-        trust_remote_code=cfg.target.trust_remote_code,
-        revision=cfg.target.revision,
-    )
+    return target.config if target is not None else load_target_config(cfg.target)
 
 
 # ----------------------------------------------------------------------------- the loop

@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from collections.abc import Callable
 
-from draftsmith.config import Config, load_config, save_resolved_config
+from draftsmith import pipeline
+from draftsmith.config import load_config, save_resolved_config
 from draftsmith.errors import DraftsmithError
 
 STAGE_HELP = {
@@ -45,25 +45,10 @@ STAGE_HELP = {
 }
 
 
-def _stage_function(name: str) -> Callable[[Config], object]:
-    # Imported lazily: `draftsmith --help` must not pay for torch and transformers.
-    if name == "generate":
-        from draftsmith.data.stage import run_generate as fn
-    elif name == "distill":
-        from draftsmith.distill.stage import run_distill as fn
-    elif name == "evaluate":
-        from draftsmith.evaluate.stage import run_evaluate as fn
-    elif name == "export":
-        from draftsmith.export import run_export as fn
-    else:
-        from draftsmith.pipeline import run_pipeline as fn
-    return fn
-
-
 def cmd_stage(name: str, config: str, overrides: list[str]) -> int:
     cfg = load_config(config, overrides)
     save_resolved_config(cfg)
-    _stage_function(name)(cfg)
+    pipeline.stage_function(name)(cfg)
     return 0
 
 

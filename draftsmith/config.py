@@ -29,6 +29,10 @@ def _range(**bounds: float) -> dict:
     return {"bounds": bounds}
 
 
+# The distillation losses: the one list of their names (distill/losses.py reads it as LOSSES).
+LossName = Literal["forward_kl", "reverse_kl", "jsd", "tvd", "ce"]
+
+
 # ----------------------------------------------------------------------------- sections
 
 
@@ -113,7 +117,9 @@ BUILTIN_FILTERS: dict[str, dict[str, Any]] = {
 
 
 @dataclass
-class VllmGenerateConfig:
+class VllmConfig:
+    """vllm.LLM settings for the target: `data.vllm` (generate) and `evaluate.vllm`."""
+
     tensor_parallel_size: int = field(default=1, metadata=_range(ge=1))
     max_model_len: int | None = None
     gpu_memory_utilization: float = field(default=0.9, metadata=_range(gt=0, le=1))
@@ -140,8 +146,8 @@ class DataConfig:
     n: int = field(default=1, metadata=_range(ge=1))
     batch_size: int = field(default=16, metadata=_range(ge=1))
     # HF backend: a batch also stays under this many sequence x (prompt + max_new_tokens)
-    # tokens. Each decode step reads the whole KV cache; on SmolLM2 at batch 64, 400-token
-    # prompts ran at 30 tokens/s against 49 at batch 32. null: batch_size alone.
+    # tokens. Each decode step reads the whole KV cache, so long prompts in a full batch
+    # decode slower per token than in a smaller one (README, Config reference). null: batch_size alone.
     max_batch_tokens: int | None = field(default=16384, metadata=_range(ge=1))
     shard_size: int = field(default=64, metadata=_range(ge=1))
     topk_logprobs: int = field(default=0, metadata=_range(ge=0))  # 0: store none
@@ -149,12 +155,12 @@ class DataConfig:
         default=None, metadata=_range(ge=1)
     )  # None: model context
     too_long: Literal["skip", "error"] = "skip"
-    vllm: VllmGenerateConfig = field(default_factory=VllmGenerateConfig)
+    vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
 @dataclass
 class DistillConfig:
-    loss: Literal["forward_kl", "reverse_kl", "jsd", "tvd", "ce"] = "forward_kl"
+    loss: LossName = "forward_kl"
     beta: float = field(default=0.5, metadata=_range(gt=0, lt=1))  # generalized JSD only
     temperature: float = field(default=1.0, metadata=_range(gt=0))
     ce_weight: float = field(default=0.0, metadata=_range(ge=0))  # extra hard-label CE term
@@ -184,13 +190,6 @@ class DistillConfig:
 
 
 @dataclass
-class VllmEvalConfig:
-    tensor_parallel_size: int = field(default=1, metadata=_range(ge=1))
-    max_model_len: int | None = None
-    gpu_memory_utilization: float = field(default=0.9, metadata=_range(gt=0, le=1))
-
-
-@dataclass
 class EvaluateConfig:
     backend: Literal["native", "vllm"] = "native"
     num_speculative_tokens: int = field(default=4, metadata=_range(ge=1, le=32))  # k for ranking
@@ -204,7 +203,7 @@ class EvaluateConfig:
     select_metric: Literal["acceptance_rate", "mean_accepted_length", "speedup"] = "acceptance_rate"
     on_mismatch: Literal["error", "warn"] = "error"  # greedy losslessness failures
     cpu_few_row_linear: bool = True  # CPU: few-row matmuls as W @ x^T (draftsmith/fast_linear.py)
-    vllm: VllmEvalConfig = field(default_factory=VllmEvalConfig)
+    vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
 @dataclass

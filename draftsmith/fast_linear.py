@@ -3,31 +3,32 @@
 Decoding multiplies every weight matrix by a handful of rows: the k+1 tokens of a verify
 pass, the two tokens a draft round may start with, one row per sequence of a decode batch.
 torch's F.linear hands BLAS the "x times W transposed" product, and for 2 to 64 rows the
-CPU BLAS in torch 2.13 runs it far below memory speed; the same product written as W
-times x transposed streams the weights once. Measured on the reference 2-core AMD EPYC
-(scripts/bench_linear.py: SmolLM2-135M's 211 weight matrices, cold caches, ms per pass):
+CPU BLAS behind torch can run it well below memory speed; the same product written as W
+times x transposed streams the weights once. On a CPU the verify pass's cost relative to a
+one-token forward is most of what speculative decoding can win or lose, so this matters
+there. `scripts/bench_linear.py` measures both forms side by side on the machine at hand
+(the README's Benchmarks section has the figures for the reference CPU).
 
-    rows         1     2     3     4     5     8    16    64
-    F.linear   54.1  76.6 112.0  96.0  84.1 113.0 133.0 238.7
-    W @ x^T    52.1  48.8  71.6  47.7  68.1  97.6 112.6 228.4
+One row keeps F.linear (a matrix-vector product either way), so target-only decoding is
+untouched; GPUs and large batches keep F.linear too. Results equal F.linear's up to float
+rounding (a different summation order), which the greedy lossless check covers like any
+kernel difference.
 
-With it the target's verify forward over k+1 = 2 / 4 / 5 tokens costs 1.03 / 1.17 / 1.39
-one-token forwards instead of 1.69 / 1.94 / 1.93 (same script), and that ratio is most of
-what speculative decoding can win or lose on a CPU. One row keeps F.linear
-(a matrix-vector product either way), so target-only decoding is untouched; GPUs and large
-batches keep F.linear too. Results equal F.linear's up to float rounding (a different
-summation order), which the greedy lossless check covers like any kernel difference.
+Scope: `cpu_few_row_linear(*models)` changes only the nn.Linear modules of the models it
+is given (an instance-level forward, removed on exit); torch.nn.Linear itself and every
+other model in the process keep F.linear, inside the block too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import MethodType
 
 import torch
 import torch.nn.functional as F
 
-MAX_ROWS = 64  # measured faster up to here (table above); above it F.linear
+MAX_ROWS = 64  # up to here the W @ x^T form measured faster (scripts/bench_linear.py)
 
 
 def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
@@ -50,15 +51,31 @@ def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return few_row_linear(x, self.weight, self.bias)
 
 
+def _linears(models) -> list[torch.nn.Linear]:
+    """The plain nn.Linear modules of `models` (None skipped, shared modules once)."""
+    seen, out = set(), []
+    for model in models:
+        if model is None:
+            continue
+        for m in model.modules():
+            # a module that already has an instance forward (an accelerate hook, an outer
+            # block of this context) is left as it is
+            plain = isinstance(m, torch.nn.Linear) and type(m).forward is torch.nn.Linear.forward
+            if plain and "forward" not in vars(m) and id(m) not in seen:
+                seen.add(id(m))
+                out.append(m)
+    return out
+
+
 @contextmanager
-def cpu_few_row_linear(enabled: bool = True) -> Iterator[None]:
-    """Inside the block every nn.Linear on CPU uses few_row_linear for 2..MAX_ROWS rows."""
-    if not enabled:
-        yield
-        return
-    original = torch.nn.Linear.forward
-    torch.nn.Linear.forward = _forward
+def cpu_few_row_linear(*models, enabled: bool = True) -> Iterator[None]:
+    """Inside the block the nn.Linear layers of `models` use few_row_linear for 2..MAX_ROWS
+    rows on CPU; nothing else changes, and everything is restored on exit (errors too)."""
+    patched = _linears(models) if enabled else []
+    for m in patched:
+        m.forward = MethodType(_forward, m)
     try:
         yield
     finally:
-        torch.nn.Linear.forward = original
+        for m in patched:
+            del m.forward

@@ -250,6 +250,99 @@ def load_tokenizer(
     return tok
 
 
+# ----------------------------------------------------------------------------- the target
+# Every stage and script loads the target through these, so the config's revision and
+# trust_remote_code reach every from_pretrained call (model, tokenizer, config, generation
+# config) and the error names target.model.
+
+TARGET_KEY = "target.model"
+
+
+def load_target(target_cfg, device: torch.device, dtype: torch.dtype | None = None):
+    """The target model per cfg.target, in eval mode on `device` (dtype: target.dtype)."""
+    return load_model(
+        target_cfg.model,
+        device=device,
+        dtype=dtype if dtype is not None else pick_dtype(target_cfg.dtype, device),
+        trust_remote_code=target_cfg.trust_remote_code,
+        revision=target_cfg.revision,
+        key=TARGET_KEY,
+    )
+
+
+def load_target_tokenizer(target_cfg):
+    return load_tokenizer(
+        target_cfg.model,
+        trust_remote_code=target_cfg.trust_remote_code,
+        revision=target_cfg.revision,
+        key=TARGET_KEY,
+    )
+
+
+def load_target_config(target_cfg):
+    """The target's model config (its shape, context length) without loading weights."""
+    from transformers import AutoConfig
+
+    path = resolve_model(target_cfg.model, TARGET_KEY)
+    try:
+        return AutoConfig.from_pretrained(
+            path, revision=target_cfg.revision, trust_remote_code=target_cfg.trust_remote_code
+        )
+    except OSError as e:
+        raise DraftsmithError(
+            f"{TARGET_KEY}: cannot load {target_cfg.model}: {str(e).splitlines()[0]}"
+        ) from None
+
+
+def load_target_generation_config(target_cfg):
+    """The target's generation_config.json, or None when it ships none."""
+    from transformers import GenerationConfig
+
+    path = resolve_model(target_cfg.model, TARGET_KEY)
+    try:
+        return GenerationConfig.from_pretrained(
+            path, revision=target_cfg.revision, trust_remote_code=target_cfg.trust_remote_code
+        )
+    except OSError:
+        return None
+
+
+def eos_token_ids(tokenizer, generation_config=None) -> set[int]:
+    """Every id that ends a turn: the tokenizer's EOS and the generation config's EOS id(s)."""
+    ids: set[int] = set()
+    for src in (
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(generation_config, "eos_token_id", None),
+    ):
+        if src is None:
+            continue
+        ids.update(int(t) for t in ([src] if isinstance(src, int) else src))
+    return ids
+
+
+def model_fingerprint(path: str) -> str | None:
+    """A quick content identity for a local model dir; None for a hub id.
+
+    sha256 of config.json and of each weight file's name, size, first and last MiB
+    (hashing gigabytes would cost minutes). The path and file times are left out: a copied
+    run dir keeps its fingerprints, a rewritten checkpoint gets a new one.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        return None
+    h = hashlib.sha256()
+    if (root / "config.json").is_file():
+        h.update((root / "config.json").read_bytes())
+    for f in sorted(root.glob("*.safetensors")):
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
+            fh.seek(max(0, size - (1 << 20)))
+            h.update(fh.read())
+    return "sha256-quick:" + h.hexdigest()
+
+
 def check_tokenizers_compatible(
     target_tok, draft_tok, target_name: str, draft_name: str, draft_vocab_rows: int | None = None
 ) -> list[str]:

@@ -102,19 +102,6 @@ def greedy_accept(target_logits: torch.Tensor, drafted: torch.Tensor) -> tuple[i
 # ----------------------------------------------------------------------------- the engine
 
 
-def eos_token_ids(tokenizer=None, model=None) -> set[int]:
-    """Every EOS id the tokenizer or the model's generation_config names."""
-    ids: set[int] = set()
-    sources = [getattr(tokenizer, "eos_token_id", None)]
-    gen = getattr(model, "generation_config", None)
-    sources.append(getattr(gen, "eos_token_id", None))
-    for src in sources:
-        if src is None:
-            continue
-        ids.update([src] if isinstance(src, int) else list(src))
-    return ids
-
-
 class SpeculativeDecoder:
     """Speculative decoding of one prompt at a time; `draft=None` is the target-only baseline."""
 
@@ -134,8 +121,9 @@ class SpeculativeDecoder:
         self.sampling = sampling or SamplingConfig()
         self.eos_ids = set(eos_ids)
         self.verify_fn = verify_fn or rejection_sample
-        # a CPU verify pass (k+1 rows) through F.linear costs ~1.8 one-token forwards; as
-        # W @ x^T ~1.0-1.3 (fast_linear.py). One-row forwards are unaffected.
+        # on a CPU a verify pass (k+1 rows) through F.linear can cost far more than a
+        # one-token forward; as W @ x^T it costs about one (fast_linear.py). Only this
+        # decoder's target and draft are switched, one-row forwards are unaffected.
         self.few_row_linear = few_row_linear
         self.device = next(target.parameters()).device
         self._sync = self.device.type == "cuda"
@@ -156,9 +144,6 @@ class SpeculativeDecoder:
         if self._sync:
             torch.cuda.synchronize(self.device)
         return logits, time.perf_counter() - start
-
-    def _new_cache(self, model):
-        return new_cache(model)
 
     def _prefill(self, model, kw: str, cache, prompt: list[int]) -> None:
         """Fill the cache with all prompt tokens but the last (the first round feeds that one)."""
@@ -220,7 +205,8 @@ class SpeculativeDecoder:
     # -- the loop -----------------------------------------------------------------------------
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, seed: int = 0) -> DecodeResult:
-        with torch.inference_mode(), cpu_few_row_linear(self.few_row_linear):
+        scope = cpu_few_row_linear(self.target, self.draft, enabled=self.few_row_linear)
+        with torch.inference_mode(), scope:
             return self._generate(prompt_ids, max_new_tokens, seed)
 
     def _generate(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> DecodeResult:
@@ -228,11 +214,11 @@ class SpeculativeDecoder:
         prompt = list(prompt_ids)
         gen = torch.Generator(device=self.device).manual_seed(seed)
         res = DecodeResult(tokens=[], k=self.k, accepted_at=[0] * self.k, reached_at=[0] * self.k)
-        t_cache = self._new_cache(self.target)
+        t_cache = new_cache(self.target)
         self._prefill(self.target, self._target_kw, t_cache, prompt)
         d_cache = None
         if self.draft is not None:
-            d_cache = self._new_cache(self.draft)
+            d_cache = new_cache(self.draft)
             self._prefill(self.draft, self._draft_kw, d_cache, prompt)
 
         seq = prompt  # committed tokens; the caches hold a prefix of seq[:-1]

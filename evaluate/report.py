@@ -10,32 +10,9 @@ from pathlib import Path
 from draftsmith.config import Config
 from draftsmith.io import atomic_write_json, atomic_write_text
 
-CSV_FIELDS = (
-    "checkpoint",
-    "step",
-    "acceptance_rate",
-    "alpha",
-    "mean_accepted_length",
-    "speedup",
-    "modelled_speedup",
-    "modelled_speedup_verify",
-    "draft_cost_ratio",
-    "verify_cost_ratio",
-    "lossless_match_rate",
-    "num_speculative_tokens",
-    "temperature",
-    "tokens_per_s",
-    "target_tokens_per_s",
-    "num_prompts",
-    "tokens_proposed",
-    "tokens_accepted",
-    "target_forwards",
-    "per_position_acceptance",
-    "path",
-)
-TABLE_COLUMNS = (
-    ("checkpoint", "checkpoint", "{}"),
-    ("step", "step", "{}"),
+# The figures that describe one draft at one k, with their table titles and formats: the
+# one list behind the printed table, the CSV and every k-sweep entry.
+METRIC_COLUMNS = (
     ("acceptance_rate", "accept", "{:.3f}"),
     ("alpha", "alpha", "{:.3f}"),
     ("mean_accepted_length", "tok/fwd", "{:.2f}"),
@@ -46,6 +23,22 @@ TABLE_COLUMNS = (
     ("verify_cost_ratio", "v", "{:.2f}"),
     ("lossless_match_rate", "lossless", "{:.2f}"),
     ("tokens_per_s", "tok/s", "{:.1f}"),
+)
+METRIC_KEYS = tuple(key for key, _, _ in METRIC_COLUMNS)
+TABLE_COLUMNS = (("checkpoint", "checkpoint", "{}"), ("step", "step", "{}"), *METRIC_COLUMNS)
+CSV_FIELDS = (
+    "checkpoint",
+    "step",
+    *METRIC_KEYS,
+    "num_speculative_tokens",
+    "temperature",
+    "target_tokens_per_s",
+    "num_prompts",
+    "tokens_proposed",
+    "tokens_accepted",
+    "target_forwards",
+    "per_position_acceptance",
+    "path",
 )
 
 

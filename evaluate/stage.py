@@ -8,7 +8,8 @@ the best draft -> leaderboard.{json,csv}, plots, a printed table and a W&B log.
 Cache files live in <out>/eval/results/: `target-only-<settings>.json` and
 `<draft>-k<k>-t<temperature>.json`, each holding the settings they were measured under; a
 file whose settings differ (other prompts, max_new_tokens, target, a rewritten checkpoint) is
-measured again. Writes are atomic, so a killed run leaves no half result.
+measured again. Models are identified by content (models.model_fingerprint), so a copied
+run dir reuses its results. Writes are atomic, so a killed run leaves no half result.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import hashlib
 import json
 import platform
 import re
-import warnings
 import zlib
 from pathlib import Path
 
@@ -25,15 +25,25 @@ import torch
 from tqdm.auto import tqdm
 
 from draftsmith.config import Config
-from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import metrics, report
-from draftsmith.evaluate.engine import SamplingConfig, SpeculativeDecoder, eos_token_ids
+from draftsmith.evaluate.engine import SamplingConfig, SpeculativeDecoder
 from draftsmith.evaluate.prompts import list_drafts, load_prompts, select_prompts
+from draftsmith.evaluate.ranking import (
+    check_lossless,
+    draft_path,
+    pick_best,
+    recommend_k,
+    sweep_entry,
+)
 from draftsmith.io import atomic_write_json, clean_stale_temps, kill_hook
 from draftsmith.models import (
     check_tokenizers_compatible,
+    eos_token_ids,
     load_model,
+    load_target,
+    load_target_tokenizer,
     load_tokenizer,
+    model_fingerprint,
     pick_device,
     pick_dtype,
     resolve_model,
@@ -43,16 +53,8 @@ from draftsmith.models import (
 
 
 def _fingerprint(ref: str) -> str:
-    """Identify a model's weights cheaply: path plus size/mtime of its weight files."""
-    path = Path(ref)
-    if not path.is_dir():
-        return ref
-    parts = [str(path.resolve())]
-    for f in sorted(path.glob("*.safetensors")) + [path / "config.json"]:
-        if f.is_file():
-            st = f.stat()
-            parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
-    return "|".join(parts)
+    """A model's content fingerprint; a hub id or registry name stands for itself."""
+    return model_fingerprint(ref) or ref
 
 
 def _settings(cfg: Config, prompts: list[dict], target_path: str) -> dict:
@@ -63,6 +65,7 @@ def _settings(cfg: Config, prompts: list[dict], target_path: str) -> dict:
     return {
         "backend": ev.backend,
         "target": _fingerprint(target_path),
+        "revision": cfg.target.revision,
         "prompts": ids,
         "max_new_tokens": ev.max_new_tokens,
         "temperature": ev.temperature,
@@ -112,39 +115,20 @@ class _Models:
 
     def tokenizer(self):
         if self._tok is None:
-            t = self.cfg.target
-            self._tok = load_tokenizer(
-                t.model,
-                trust_remote_code=t.trust_remote_code,
-                revision=t.revision,
-                key="target.model",
-            )
+            self._tok = load_target_tokenizer(self.cfg.target)
         return self._tok
 
     def target(self):
         if self._target is None:
-            t = self.cfg.target
-            self._target = load_model(
-                t.model,
-                device=self.device,
-                dtype=self.dtype,
-                trust_remote_code=t.trust_remote_code,
-                revision=t.revision,
-                key="target.model",
-            )
+            self._target = load_target(self.cfg.target, self.device, self.dtype)
         return self._target
 
     def draft(self, draft: dict):
-        key = draft.get("key", "checkpoint")
-        tok = load_tokenizer(
-            draft["ref"], trust_remote_code=self.cfg.target.trust_remote_code, key=key
-        )
+        """A draft on the target's device and dtype, once its tokenizer matches the target's."""
+        key, trust = draft.get("key", "checkpoint"), self.cfg.target.trust_remote_code
+        tok = load_tokenizer(draft["ref"], trust_remote_code=trust, key=key)
         model = load_model(
-            draft["ref"],
-            device=self.device,
-            dtype=self.dtype,
-            trust_remote_code=self.cfg.target.trust_remote_code,
-            key=key,
+            draft["ref"], device=self.device, dtype=self.dtype, trust_remote_code=trust, key=key
         )
         for note in check_tokenizers_compatible(
             self.tokenizer(),
@@ -174,29 +158,6 @@ def decode_prompts(decoder: SpeculativeDecoder, prompts: list[dict], cfg: Config
     return out
 
 
-def check_lossless(name: str, spec: list[dict], base: list[dict], on_mismatch: str) -> float:
-    """Greedy speculative output must equal target-only output; raise (or warn) naming the prompt."""
-    bad = []
-    for s, b in zip(spec, base):
-        pos = metrics.first_mismatch(s["tokens"], b["tokens"])
-        if pos is not None:
-            bad.append((s["id"], pos))
-    rate = metrics.lossless_match_rate([s["tokens"] for s in spec], [b["tokens"] for b in base])
-    if bad:
-        pid, pos = bad[0]
-        msg = (
-            f"{name}: greedy speculative output differs from target-only output on {len(bad)} of "
-            f"{len(spec)} prompts (first: prompt {pid!r} at new token {pos})"
-        )
-        if on_mismatch == "error":
-            raise DraftsmithError(
-                msg + "; set evaluate.on_mismatch=warn if the kernels are nondeterministic"
-            )
-        warnings.warn(msg, stacklevel=2)
-        print(f"[evaluate] WARNING {msg}")
-    return rate
-
-
 class NativeEvaluator:
     """Runs and caches target-only and speculative decoding with the torch engine."""
 
@@ -209,7 +170,7 @@ class NativeEvaluator:
         self._draft_cache: dict[str, object] = {}
 
     def _eos(self):
-        return eos_token_ids(self.models.tokenizer(), self.models.target())
+        return eos_token_ids(self.models.tokenizer(), self.models.target().generation_config)
 
     def baseline(self) -> list[dict]:
         path = self.dir / f"target-only-{_settings_key(self.settings)}.json"
@@ -282,42 +243,10 @@ def build_row(draft: dict, path: str, data: dict, base: list[dict], cfg: Config,
     }
 
 
-def pick_best(rows: list[dict], metric: str) -> dict:
-    """The row with the highest `metric` (missing values rank last; ties keep the earlier row)."""
-    return max(rows, key=lambda r: -float("inf") if r.get(metric) is None else r[metric])
-
-
-def sweep_entry(row: dict) -> dict:
-    keys = (
-        "acceptance_rate",
-        "alpha",
-        "mean_accepted_length",
-        "speedup",
-        "modelled_speedup",
-        "modelled_speedup_verify",
-        "tokens_per_s",
-        "draft_cost_ratio",
-        "verify_cost_ratio",
-        "lossless_match_rate",
-    )
-    return {"k": row["num_speculative_tokens"], **{key: row.get(key) for key in keys}}
-
-
-def recommend_k(sweep: list[dict]) -> int:
-    measured = [s for s in sweep if s.get("speedup") is not None]
-    pool = measured or sweep
-    key = "speedup" if measured else "modelled_speedup"
-    return max(pool, key=lambda s: s.get(key) or 0.0)["k"]
-
-
 def hardware() -> str:
     if torch.cuda.is_available():
         return f"cuda: {torch.cuda.get_device_name(0)}"
     return f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
-
-
-def _draft_path(draft: dict) -> str:
-    return str(Path(draft["ref"])) if Path(draft["ref"]).exists() else resolve_model(draft["ref"])
 
 
 def _native_rows(cfg: Config, prompts: list[dict], drafts: list[dict], results_dir: Path):
@@ -333,7 +262,7 @@ def _native_rows(cfg: Config, prompts: list[dict], drafts: list[dict], results_d
     for d in tqdm(drafts, desc="drafts", dynamic_ncols=True):
         data = runner.evaluate(d, ev.num_speculative_tokens, base)
         per_prompt[d["name"]] = data["results"]
-        rows.append(build_row(d, _draft_path(d), data, base, cfg, ev.num_speculative_tokens))
+        rows.append(build_row(d, draft_path(d), data, base, cfg, ev.num_speculative_tokens))
     best = pick_best(rows, ev.select_metric)
     best_draft = next(d for d in drafts if d["name"] == best["checkpoint"])
     sweep = []

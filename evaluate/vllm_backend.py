@@ -25,8 +25,10 @@ import gc
 import time
 
 from draftsmith.config import Config
-from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import metrics
+from draftsmith.evaluate.ranking import check_lossless, draft_path, pick_best, sweep_entry
+from draftsmith.models import resolve_model
+from draftsmith.vllm_compat import engine_kwargs, import_vllm
 
 SPEC_METRICS = {
     "vllm:spec_decode_num_drafts": "num_drafts",
@@ -96,31 +98,18 @@ def summary_from_counts(
 # ----------------------------------------------------------------------------- running vLLM
 
 
-def _import_vllm():
-    try:
-        import vllm
-    except ImportError:
-        raise DraftsmithError(
-            "evaluate.backend: 'vllm' needs vLLM (pip install 'draftsmith[vllm]' on a CUDA machine)"
-        ) from None
-    return vllm
-
-
 def _make_llm(vllm, cfg: Config, target: str, draft: str | None, k: int):
-    v = cfg.evaluate.vllm
     spec = None
     if draft is not None:
-        spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
-    return vllm.LLM(
-        model=target,
-        speculative_config=spec,
-        disable_log_stats=False,
-        seed=cfg.run.seed,
-        tensor_parallel_size=v.tensor_parallel_size,
-        max_model_len=v.max_model_len,
-        gpu_memory_utilization=v.gpu_memory_utilization,
-        trust_remote_code=cfg.target.trust_remote_code,
-    )
+        # vLLM (0.15) runs an independent draft only at the target's tensor-parallel size
+        spec = {
+            "method": "draft_model",
+            "model": draft,
+            "num_speculative_tokens": k,
+            "draft_tensor_parallel_size": cfg.evaluate.vllm.tensor_parallel_size,
+        }
+    kw = engine_kwargs(cfg, cfg.evaluate.vllm, target)
+    return vllm.LLM(**kw, speculative_config=spec, disable_log_stats=False)
 
 
 def _release(llm) -> None:
@@ -204,8 +193,6 @@ def _row(draft: dict, path: str, runs: dict, base: dict, cfg: Config, k: int) ->
         "lossless_match_rate": None,
     }
     if cfg.evaluate.temperature == 0.0:
-        from draftsmith.evaluate.stage import check_lossless
-
         ids = [{"id": i, "tokens": t} for i, t in enumerate(spec_toks)]
         refs = [{"id": i, "tokens": t} for i, t in enumerate(ref_toks)]
         row["lossless_match_rate"] = check_lossless(
@@ -216,10 +203,7 @@ def _row(draft: dict, path: str, runs: dict, base: dict, cfg: Config, k: int) ->
 
 def vllm_rows(cfg: Config, prompts: list[dict], drafts: list[dict]):
     """Rows for every draft at evaluate.num_speculative_tokens, the best draft, the k sweep."""
-    from draftsmith.evaluate.stage import _draft_path, pick_best, sweep_entry
-    from draftsmith.models import resolve_model
-
-    vllm = _import_vllm()
+    vllm = import_vllm("evaluate.backend")
     ev = cfg.evaluate
     target = resolve_model(cfg.target.model, "target.model")
     llm = _make_llm(vllm, cfg, target, None, 0)
@@ -227,7 +211,7 @@ def vllm_rows(cfg: Config, prompts: list[dict], drafts: list[dict]):
     _release(llm)
 
     def measure(d: dict, k: int) -> dict:
-        path = _draft_path(d)
+        path = draft_path(d)
         engine = _make_llm(vllm, cfg, target, path, k)
         runs = _generate_by_category(vllm, engine, prompts, cfg, k)
         _release(engine)

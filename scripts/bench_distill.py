@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.config import config_from_dict
+from draftsmith.config import TargetConfig, config_from_dict
 from draftsmith.distill.batching import collate
 from draftsmith.distill.init import draft_from_target
 from draftsmith.distill.losses import forward_kl
 from draftsmith.distill.train import setup, train_step
-from draftsmith.models import load_model, load_tokenizer, resolve_model
+from draftsmith.models import load_target, load_target_tokenizer, resolve_model
 
 TEXT = (
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
@@ -213,8 +213,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    tok = load_tokenizer(args.target)
-    target = load_model(args.target, device=torch.device("cpu"), dtype=torch.float32)
+    target_cfg = TargetConfig(model=args.target)
+    tok = load_target_tokenizer(target_cfg)
+    target = load_target(target_cfg, torch.device("cpu"), torch.float32)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         t0 = time.perf_counter()

@@ -17,11 +17,11 @@ import time
 
 import torch
 
-from draftsmith.config import DataConfig, PromptSource
+from draftsmith.config import DataConfig, PromptSource, TargetConfig
 from draftsmith.data.completion import cut_at_eos
 from draftsmith.data.hf_backend import HFBackend, left_pad, length_buckets
 from draftsmith.data.sources import encode, load_source, render
-from draftsmith.models import load_model, load_tokenizer
+from draftsmith.models import load_target, load_target_tokenizer
 
 
 def bench_prompts(tok, n: int) -> list[list[int]]:
@@ -88,8 +88,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    tok = load_tokenizer(args.model)
-    model = load_model(args.model, device=torch.device("cpu"), dtype=torch.float32)
+    target_cfg = TargetConfig(model=args.model)
+    tok = load_target_tokenizer(target_cfg)
+    model = load_target(target_cfg, torch.device("cpu"), torch.float32)
     prompts = bench_prompts(tok, args.prompts)
     dcfg = DataConfig(
         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, topk_logprobs=args.topk

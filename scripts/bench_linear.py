@@ -7,7 +7,7 @@ Two measurements on SmolLM2-135M-Instruct (registry smollm2-135m-instruct):
    every pass streams the weights from memory as decoding does) plus the 49k x 576 head,
    ms per pass at each row count;
 2. the real target's forward over T new tokens on a 120-token KV cache (a verify pass is
-   T = k + 1), with F.linear and inside cpu_few_row_linear(), and the ratio to T = 1.
+   T = k + 1), with F.linear and inside cpu_few_row_linear(model), and the ratio to T = 1.
 Also checks that both give the same argmax tokens.
 """
 
@@ -20,9 +20,10 @@ import time
 import torch
 import torch.nn.functional as F
 
+from draftsmith.config import TargetConfig
 from draftsmith.fast_linear import cpu_few_row_linear, few_row_linear
 from draftsmith.kv_cache import cache_kwarg, new_cache
-from draftsmith.models import load_model
+from draftsmith.models import load_target
 
 
 def median_ms(fn, reps: int) -> float:
@@ -73,7 +74,7 @@ def bench_forward(model, tokens: list[int], reps: int) -> None:
     base = {}
     for t in tokens:
         peer = median_ms(lambda t=t: forward(t), reps)
-        with cpu_few_row_linear():
+        with cpu_few_row_linear(model):
             ours = median_ms(lambda t=t: forward(t), reps)
         base.setdefault("peer", peer)
         base.setdefault("ours", ours)
@@ -82,7 +83,7 @@ def bench_forward(model, tokens: list[int], reps: int) -> None:
         )
     ids = torch.randint(0, 40000, (1, 125))
     ref = model(input_ids=ids).logits.argmax(-1)
-    with cpu_few_row_linear():
+    with cpu_few_row_linear(model):
         got = model(input_ids=ids[:, :64]).logits.argmax(-1)
     assert torch.equal(got, ref[:, :64]), "few-row linear changed argmax tokens"
     print("argmax tokens identical")
@@ -95,8 +96,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    model = load_model("smollm2-135m-instruct", device=torch.device("cpu"), dtype=torch.float32)
-    model.eval()
+    target_cfg = TargetConfig(model="smollm2-135m-instruct")
+    model = load_target(target_cfg, torch.device("cpu"), torch.float32)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     bench_matmuls(model.config, args.rows, args.reps)
     bench_forward(model, args.tokens, args.reps)

@@ -1,8 +1,9 @@
 """Native speculative decoding vs transformers assisted generation vs target-only, one process.
 
     flock /tmp/draftsmith-bench.lock python scripts/bench_specdec.py [--draft DIR|target] [--k 4]
+    python scripts/bench_specdec.py --device cuda --k 1      # on a GPU (fp32 unless --dtype)
 
-Target: SmolLM2-135M-Instruct (registry smollm2-135m-instruct). Draft: --draft DIR (a trained
+Target: --target, default SmolLM2-135M-Instruct (registry smollm2-135m-instruct). Draft: --draft DIR (a trained
 checkpoint), --draft target (the target itself: a perfect draft, acceptance 1.0), or by default
 a from_target initialisation (the target's first 2 layers; accepts ~1% untrained). Greedy,
 fixed k, the same prompts for all three; outputs must be identical. Prints tokens/s, ratios and
@@ -16,12 +17,19 @@ import copy
 import time
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from draftsmith.config import TargetConfig
 from draftsmith.evaluate import metrics
-from draftsmith.evaluate.engine import SpeculativeDecoder, eos_token_ids
+from draftsmith.evaluate.engine import SpeculativeDecoder
 from draftsmith.export import fixed_k_assistant
-from draftsmith.models import resolve_model
+from draftsmith.models import (
+    eos_token_ids,
+    load_model,
+    load_target,
+    load_target_tokenizer,
+    pick_device,
+    resolve_model,
+)
 
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
@@ -71,7 +79,7 @@ def run_hf(target, draft, prompts, max_new, k, eos, pad):
         if draft is not None:
             draft.generation_config.update(**fixed_k_assistant(k))  # what the engine does
             kw.update(assistant_model=draft)
-        out = target.generate(torch.tensor([ids]), **kw)
+        out = target.generate(torch.tensor([ids], device=target.device), **kw)
         outs.append(out[0, len(ids) :].tolist())
     return outs, time.perf_counter() - start
 
@@ -82,24 +90,35 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--prompts", type=int, default=len(PROMPTS))
+    ap.add_argument("--target", default="smollm2-135m-instruct", help="registry name or dir")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="fp32 keeps the identical-output checks free of low-precision near-ties",
+    )
     args = ap.parse_args()
     torch.set_num_threads(2)
 
-    path = resolve_model("smollm2-135m-instruct")
-    tok = AutoTokenizer.from_pretrained(path)
-    target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    device, dtype = pick_device(args.device), getattr(torch, args.dtype)
+    target_cfg = TargetConfig(model=args.target)
+    path = resolve_model(args.target, "--target")
+    tok = load_target_tokenizer(target_cfg)
+    target = load_target(target_cfg, device, dtype)
     if args.draft == "target":
         draft, name = target, "target itself (perfect draft)"
     elif args.draft:
-        draft, name = AutoModelForCausalLM.from_pretrained(args.draft).eval(), args.draft
+        draft = load_model(args.draft, device=device, dtype=dtype, key="--draft")
+        name = args.draft
     else:
         draft, name = trimmed_draft(target).eval(), "from_target, first 2 layers (untrained)"
-    eos = eos_token_ids(tok, target)
+    eos = eos_token_ids(tok, target.generation_config)
     prompts = [encode(tok, t) for t in PROMPTS[: args.prompts]]
     k, n = args.k, args.max_new_tokens
     print(
         f"target {path}\ndraft  {name}\nk={k}, max_new_tokens={n}, {len(prompts)} prompts, "
-        f"greedy, {torch.get_num_threads()} threads"
+        f"greedy, {device} {args.dtype}, {torch.get_num_threads()} threads"
     )
 
     base_dec = SpeculativeDecoder(target, eos_ids=eos)

@@ -24,16 +24,21 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig
 
 from draftsmith.config import load_config
 from draftsmith.distill import list_checkpoints
 from draftsmith.evaluate import metrics
-from draftsmith.evaluate.engine import SpeculativeDecoder, eos_token_ids
+from draftsmith.evaluate.engine import SpeculativeDecoder
 from draftsmith.evaluate.prompts import load_prompts, select_prompts
 from draftsmith.evaluate.teacher_forced import teacher_forced_results
 from draftsmith.io import atomic_write_json
-from draftsmith.models import load_model, load_tokenizer, resolve_model
+from draftsmith.models import (
+    eos_token_ids,
+    load_model,
+    load_target,
+    load_target_config,
+    load_target_tokenizer,
+)
 
 
 def read_prompts(run: Path, cfg, prompts_file: Path | None) -> tuple[list[dict], str]:
@@ -48,10 +53,9 @@ def target_refs(run: Path, cfg, prompts: list[dict], tag: str, max_new: int) -> 
     path = run / "eval" / f"greedy-refs-{tag}-{max_new}.json"
     if path.is_file():
         return json.loads(path.read_text())
-    target = load_model(cfg.target.model, device=torch.device("cpu"), dtype=torch.float32)
-    decoder = SpeculativeDecoder(
-        target, eos_ids=eos_token_ids(load_tokenizer(cfg.target.model), target)
-    )
+    target = load_target(cfg.target, torch.device("cpu"), torch.float32)
+    tok = load_target_tokenizer(cfg.target)
+    decoder = SpeculativeDecoder(target, eos_ids=eos_token_ids(tok, target.generation_config))
     refs = [{**p, "tokens": decoder.generate(p["prompt_ids"], max_new).tokens} for p in prompts]
     atomic_write_json(path, refs)
     return refs
@@ -76,7 +80,7 @@ def main() -> None:
     ]
     print(f"{len(refs)} prompts ({tag}) x {args.max_new_tokens} target tokens, greedy, k={args.k}")
     first = None
-    vocab = AutoConfig.from_pretrained(resolve_model(cfg.target.model)).get_text_config().vocab_size
+    vocab = load_target_config(cfg.target).get_text_config().vocab_size
     for path in ckpts:
         draft = load_model(str(path), device=torch.device("cpu"), dtype=torch.float32)
         rows = teacher_forced_results(draft, refs, args.k, args.max_new_tokens, vocab)

@@ -56,10 +56,13 @@ def test_unknown_registry_model_is_one_line_exit_1():
 def test_resolved_config_is_saved_before_the_stage(tmp_path, tiny_config_path, monkeypatch):
     """Every stage writes <output_dir>/config.yaml first, with overrides applied."""
     import draftsmith.cli as cli
+    from draftsmith import pipeline
     from draftsmith.config import load_config
 
     seen = {}
-    monkeypatch.setattr(cli, "_stage_function", lambda name: lambda cfg: seen.setdefault(name, cfg))
+    monkeypatch.setattr(
+        pipeline, "stage_function", lambda name: lambda cfg: seen.setdefault(name, cfg)
+    )
     out = tmp_path / "run"
     assert (
         cli.main(["distill", str(tiny_config_path), f"run.output_dir={out}", "distill.lr=0.25"])

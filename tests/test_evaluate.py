@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from draftsmith.config import config_from_dict
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate.prompts import select_prompts
-from draftsmith.evaluate.stage import pick_best, recommend_k, run_evaluate
+from draftsmith.evaluate.ranking import pick_best, recommend_k
+from draftsmith.evaluate.stage import run_evaluate
 
 PROMPTS = [
     ("p0", "code", "def add(a, b):"),
@@ -153,6 +155,41 @@ def test_rerun_evaluates_only_new_checkpoints(run_dir, target_dir):
     assert set(after) - set(stamps) == {"checkpoint-12-k3-t0.json"}
     board = json.loads((run_dir / "eval" / "leaderboard.json").read_text())
     assert [r["step"] for r in board["rows"]] == [0, 4, 8, 12]
+
+
+def test_copied_run_dir_is_not_measured_again_and_a_rewritten_checkpoint_is(
+    run_dir, target_dir, monkeypatch
+):
+    """The cache keys on model content: a moved run (same files) hits, new weights miss."""
+    from draftsmith.evaluate import engine
+
+    small = dict(k_sweep=[3], max_prompts=2, max_new_tokens=6)
+    run_evaluate(_cfg(run_dir, **small))
+    copy_root = run_dir.parent / "copied"
+    shutil.copytree(run_dir, copy_root / "run")
+    shutil.copytree(target_dir, copy_root / "target")
+    results = copy_root / "run" / "eval" / "results"
+    stamps = {p.name: p.stat().st_mtime_ns for p in results.iterdir()}
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("decoded again: the cache missed")
+
+    with monkeypatch.context() as m:
+        m.setattr(engine.SpeculativeDecoder, "generate", no_decoding)
+        run_evaluate(_cfg(copy_root / "run", **small))
+    assert {p.name: p.stat().st_mtime_ns for p in results.iterdir()} == stamps
+
+    ckpt = copy_root / "run" / "checkpoints" / "checkpoint-4"
+    model = AutoModelForCausalLM.from_pretrained(ckpt)
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(0.5)  # same shapes, same file size
+    size = (ckpt / "model.safetensors").stat().st_size
+    model.save_pretrained(ckpt)
+    assert (ckpt / "model.safetensors").stat().st_size == size
+    run_evaluate(_cfg(copy_root / "run", **small))
+    after = {p.name: p.stat().st_mtime_ns for p in results.iterdir()}
+    changed = {n for n in stamps if after[n] != stamps[n]}
+    assert changed == {"checkpoint-4-k3-t0.json"}
 
 
 def test_baseline_drafts_and_max_prompts(run_dir, target_dir):

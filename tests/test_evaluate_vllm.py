@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 
+from draftsmith.config import config_from_dict
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import vllm_backend as vb
 
@@ -82,8 +84,34 @@ def test_missing_vllm_is_a_clear_error(monkeypatch):
         return real(name, *a, **kw)
 
     monkeypatch.setattr(builtins, "__import__", no_vllm)
-    with pytest.raises(DraftsmithError, match="evaluate.backend: 'vllm' needs vLLM"):
-        vb._import_vllm()
+    with pytest.raises(DraftsmithError, match="evaluate.backend: 'vllm' needs vLLM >= 0.15.0"):
+        vb.vllm_rows(config_from_dict({"evaluate": {"backend": "vllm"}}), [], [])
+
+
+def test_engine_asks_vllm_for_the_draft_at_the_targets_tensor_parallel_size():
+    seen = {}
+
+    class FakeLLM:
+        def __init__(self, **kw):
+            seen.update(kw)
+
+    fake = SimpleNamespace(LLM=FakeLLM)
+    cfg = config_from_dict(
+        {
+            "target": {"model": "org/target", "revision": "v2", "trust_remote_code": True},
+            "evaluate": {"backend": "vllm", "vllm": {"tensor_parallel_size": 4}},
+        }
+    )
+    vb._make_llm(fake, cfg, "org/target", "/drafts/d", 3)
+    assert seen["speculative_config"] == {
+        "method": "draft_model",
+        "model": "/drafts/d",
+        "num_speculative_tokens": 3,
+        "draft_tensor_parallel_size": 4,
+    }
+    assert seen["tensor_parallel_size"] == 4 and seen["model"] == "org/target"
+    assert seen["revision"] == "v2" and seen["trust_remote_code"] is True
+    assert seen["disable_log_stats"] is False and "max_model_len" not in seen
 
 
 @pytest.mark.gpu

@@ -24,37 +24,74 @@ def test_few_row_linear_equals_f_linear(shape, bias):
     torch.testing.assert_close(got, F.linear(x, w, b))
 
 
-def test_context_routes_few_rows_only_and_restores():
-    lin = torch.nn.Linear(8, 4, bias=False)
-    original = torch.nn.Linear.forward
-    calls = []
-
-    def spy(x, w, b=None):
-        calls.append(x.shape)
-        return few_row_linear(x, w, b)
-
+@pytest.fixture
+def spy(monkeypatch):
+    """Record (rows, weight) of every few_row_linear call the patched forwards make."""
     import draftsmith.fast_linear as fl
 
-    fl_few, fl.few_row_linear = fl.few_row_linear, spy
-    try:
-        with cpu_few_row_linear():
-            assert torch.nn.Linear.forward is not original
-            for rows in (1, 2, MAX_ROWS, MAX_ROWS + 1):
-                lin(torch.randn(rows, 8))
-        with cpu_few_row_linear(enabled=False):
-            assert torch.nn.Linear.forward is original
-            lin(torch.randn(3, 8))
-    finally:
-        fl.few_row_linear = fl_few
-    assert torch.nn.Linear.forward is original
-    assert [s[0] for s in calls] == [2, MAX_ROWS]  # 1 row and > MAX_ROWS keep F.linear
+    calls = []
+    real = fl.few_row_linear
+
+    def record(x, w, b=None):
+        calls.append((x.numel() // w.shape[1], w))
+        return real(x, w, b)
+
+    monkeypatch.setattr(fl, "few_row_linear", record)
+    return calls
+
+
+def test_context_routes_few_rows_only_and_restores(spy):
+    lin = torch.nn.Linear(8, 4, bias=False)
+    original = torch.nn.Linear.forward
+    with cpu_few_row_linear(lin):
+        assert "forward" in vars(lin) and torch.nn.Linear.forward is original
+        for rows in (1, 2, MAX_ROWS, MAX_ROWS + 1):
+            lin(torch.randn(rows, 8))
+    with cpu_few_row_linear(lin, enabled=False):
+        assert "forward" not in vars(lin)
+        lin(torch.randn(3, 8))
+    assert "forward" not in vars(lin) and torch.nn.Linear.forward is original
+    assert [rows for rows, _ in spy] == [2, MAX_ROWS]  # 1 row and > MAX_ROWS keep F.linear
 
 
 def test_context_restores_after_an_error():
-    original = torch.nn.Linear.forward
-    with pytest.raises(RuntimeError), cpu_few_row_linear():
+    lin = torch.nn.Linear(8, 4)
+    with pytest.raises(RuntimeError), cpu_few_row_linear(lin):
         raise RuntimeError("boom")
-    assert torch.nn.Linear.forward is original
+    assert "forward" not in vars(lin)
+
+
+def test_a_linear_outside_the_given_models_keeps_f_linear(spy):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    other = torch.nn.Linear(8, 4)
+    x = torch.randn(3, 8)
+    with cpu_few_row_linear(model, None, model):  # None (no draft) and repeats are fine
+        other(x)
+        model(x)
+        assert "forward" not in vars(other)
+    assert [(rows, w is model[0].weight or w is model[2].weight) for rows, w in spy] == [
+        (3, True),
+        (3, True),
+    ]
+
+
+def test_another_model_used_during_the_engine_keeps_f_linear(spy):
+    """A model run while the engine decodes (here: from a hook on the target) is not patched."""
+    target, draft = tiny_pair(3, noise=0.3)
+    outsider = torch.nn.Linear(target.config.hidden_size, 5)
+    ran = []
+
+    def hook(module, args, output):
+        ran.append(outsider(torch.randn(3, target.config.hidden_size)).shape)
+
+    target.model.norm.register_forward_hook(hook)
+    SpeculativeDecoder(target, draft, k=3, eos_ids=[2]).generate([5, 7, 11, 13], 12)
+    assert ran and all(shape == (3, 5) for shape in ran)
+    weights = [w for _, w in spy]
+    assert weights and not any(w is outsider.weight for w in weights)
+    targets = {id(p) for p in target.parameters()}
+    assert any(id(w) in targets for w in weights)  # the target's verify passes were routed
+    assert not any("forward" in vars(m) for m in target.modules())  # and restored
 
 
 @pytest.mark.parametrize("k", [1, 3, 4])
@@ -69,3 +106,13 @@ def test_engine_tokens_and_counts_do_not_depend_on_it(k):
     assert runs[0].tokens == runs[1].tokens
     assert (runs[0].proposed, runs[0].accepted) == (runs[1].proposed, runs[1].accepted)
     assert runs[0].accepted > 0  # the draft is neither useless nor the check vacuous
+
+
+@pytest.mark.gpu
+def test_on_cuda_forwards_keep_f_linear_and_decoding_stays_lossless(spy):
+    target, draft = (m.cuda() for m in tiny_pair(3, noise=0.3))
+    prompt = [5, 7, 11, 13]
+    spec = SpeculativeDecoder(target, draft, k=3, eos_ids=[2]).generate(prompt, 24)
+    base = SpeculativeDecoder(target, None, eos_ids=[2]).generate(prompt, 24)
+    assert spy == []  # CUDA inputs never take the few-row path
+    assert spec.tokens == base.tokens and spec.accepted > 0  # float64: no near-tie flips

@@ -10,13 +10,9 @@ import pytest
 import torch
 
 from draftsmith.config import load_config
-from draftsmith.data.vllm_backend import (
-    completions_from_outputs,
-    engine_kwargs,
-    import_vllm,
-    sampling_kwargs,
-)
+from draftsmith.data.vllm_backend import completions_from_outputs, sampling_kwargs
 from draftsmith.errors import DraftsmithError
+from draftsmith.vllm_compat import engine_kwargs, import_vllm
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,7 +68,7 @@ def test_engine_and_sampling_arguments_follow_the_config():
             "data.n=3",
         ],
     )
-    kw = engine_kwargs(cfg, "/models/t")
+    kw = engine_kwargs(cfg, cfg.data.vllm, "/models/t")
     assert kw["model"] == "/models/t" and kw["tensor_parallel_size"] == 2
     assert kw["dtype"] == "bfloat16" and kw["max_model_len"] == 2048
     sp = sampling_kwargs(cfg.data, seed=11, eos_ids={2, 5})
@@ -91,9 +87,9 @@ def test_engine_and_sampling_arguments_follow_the_config():
 def test_missing_vllm_is_one_clear_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
     with pytest.raises(
-        DraftsmithError, match="data.backend: 'vllm' needs vLLM, which is not installed"
+        DraftsmithError, match="data.backend: 'vllm' needs vLLM >= 0.15.0, which is not installed"
     ):
-        import_vllm()
+        import_vllm("data.backend")
 
 
 def test_stage_with_vllm_backend_fails_before_writing(monkeypatch, tmp_path, tiny_model_dir):

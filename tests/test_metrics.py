@@ -106,9 +106,11 @@ def test_summarize_hand_computed():
     )
     assert s["speedup"] == pytest.approx(2.0)
     assert s["draft_cost_ratio"] == pytest.approx(0.01 / 0.2)
-    assert s["modelled_speedup"] == pytest.approx(m.modelled_speedup(0.6, 2, 0.05))
+    # alpha 0.6, k 2, c 0.05: (1 - 0.6^3) / ((1 - 0.6)(2 x 0.05 + 1)) = 0.784 / 0.44
+    assert s["modelled_speedup"] == pytest.approx(0.784 / 0.44)
     assert s["verify_cost_ratio"] == pytest.approx(0.3 / 0.2)  # mean verify / mean 1-token
-    assert s["modelled_speedup_verify"] == pytest.approx(m.modelled_speedup(0.6, 2, 0.05, 1.5))
+    # the same with v = 1.5: 0.784 / (0.4 x (0.1 + 1.5))
+    assert s["modelled_speedup_verify"] == pytest.approx(0.784 / 0.64)
     cats = m.per_category(spec, base, ["x", "y"], k=2)
     assert cats["x"]["acceptance_rate"] == 0.5 and cats["y"]["acceptance_rate"] == 0.5
     assert cats["y"]["mean_accepted_length"] == 2.0 and cats["x"]["num_prompts"] == 1
