@@ -8,6 +8,7 @@ safetensors HF model dirs under `$DRAFTSMITH_HOME/models/<name>` (default
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 from collections.abc import Callable
