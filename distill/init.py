@@ -21,6 +21,7 @@ from draftsmith.models import (
     load_tokenizer,
     resolve_model,
 )
+from draftsmith.vocab import match_vocab_rows, token_id_count, vocab_rows
 
 
 def select_layers(cfg: DraftConfig, num_target_layers: int) -> list[int]:
@@ -151,15 +152,22 @@ def flops_per_token(model) -> int:
     return 2 * non_emb + 2 * head.numel()
 
 
-def build_draft(cfg: Config, target, target_tok, device: torch.device):
-    """(draft model, draft tokenizer, description) per cfg.draft; the draft in train mode."""
+def build_draft(cfg: Config, target, target_tok, device: torch.device, target_config=None):
+    """(draft model, draft tokenizer, description) per cfg.draft; the draft in train mode.
+
+    `target_config` (default: the target's) gives the vocabulary rows. Every draft leaves with the target's
+    row count and its padding rows filled (draftsmith/vocab.py), so the losses, the
+    engine and vLLM's equal-vocabulary check all see one size.
+    """
     dcfg = cfg.draft
+    target_config = target_config if target_config is not None else target.config
     dtype = torch.float32 if dcfg.dtype == "auto" else getattr(torch, dcfg.dtype)
     if dcfg.init == "pretrained":
         draft = load_model(dcfg.model, device=device, dtype=dtype, key="draft.model")
         tok = load_tokenizer(dcfg.model, key="draft.model")
-        rows = draft.get_input_embeddings().weight.shape[0]
-        check_tokenizers_compatible(target_tok, tok, cfg.target.model, dcfg.model, rows)
+        check_tokenizers_compatible(
+            target_tok, tok, cfg.target.model, dcfg.model, vocab_rows(draft)
+        )
         desc = f"pretrained {resolve_model(dcfg.model, 'draft.model')}"
     elif dcfg.init == "from_target":
         layers = select_layers(dcfg, len(_layers_of(target)))
@@ -168,6 +176,8 @@ def build_draft(cfg: Config, target, target_tok, device: torch.device):
     else:
         draft = draft_from_config(target, dcfg, cfg.run.seed)
         tok, desc = target_tok, "config " + _size_text(draft.config)
+    rows = target_config.get_text_config().vocab_size
+    match_vocab_rows(draft, rows, token_id_count(target_tok), key="target.model")
     draft.generation_config = copy.deepcopy(target.generation_config)
     return draft.to(device=device, dtype=dtype).train(), tok, desc
 

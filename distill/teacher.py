@@ -28,18 +28,22 @@ from draftsmith.distill.losses import TopK
 class CompletionLogits(nn.Module):
     """Wraps a causal LM; forward returns logits only where `loss_mask` is set: (N, V).
 
-    This wrapper (not the bare LM) is what accelerate prepares, so DDP/FSDP see the
-    forward that the loss differentiates.
+    V is `num_ids`, the tokenizer's ids: the rows past them (padding, draftsmith/vocab.py)
+    are cut here, for draft and target alike, so no loss ever sees them and the two
+    sides have one width even when their row counts differ. This wrapper (not the bare
+    LM) is what accelerate prepares, so DDP/FSDP see the forward that the loss
+    differentiates.
     """
 
-    def __init__(self, lm: nn.Module):
+    def __init__(self, lm: nn.Module, num_ids: int | None = None):
         super().__init__()
-        self.lm = lm
+        self.lm, self.num_ids = lm, num_ids
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor) -> Tensor:
         body = getattr(self.lm, self.lm.base_model_prefix)
         hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return self.lm.get_output_embeddings()(hidden[loss_mask])  # (N, H) -> (N, V)
+        logits = self.lm.get_output_embeddings()(hidden[loss_mask])  # (N, H) -> (N, rows)
+        return logits[:, : self.num_ids]  # (N, V)
 
 
 @torch.no_grad()
@@ -67,10 +71,12 @@ def sample_completions(
     eos_id: int | None,
     seed: int,
     device: torch.device,
+    num_ids: int | None = None,
 ) -> list[Example]:
     """Replace each completion by the draft's own sample of at most the same length.
 
-    Sampling is pure temperature sampling (no top-k/top-p); a sample ends after EOS.
+    Sampling is pure temperature sampling (no top-k/top-p) over the tokenizer's `num_ids`
+    ids (padding rows suppressed); a sample ends after EOS.
     """
     prompts = [ex.prompt_ids for ex in examples]
     width = max(len(p) for p in prompts)
@@ -80,6 +86,7 @@ def sample_completions(
         input_ids[b, width - len(p) :] = torch.tensor(p)
         attention_mask[b, width - len(p) :] = 1
     max_new = max(len(ex.completion_ids) for ex in examples)
+    rows = draft.get_output_embeddings().weight.shape[0]  # the logits' width
     was_training = draft.training
     draft.eval()
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -94,6 +101,7 @@ def sample_completions(
             max_new_tokens=max_new,
             pad_token_id=pad_id,
             eos_token_id=eos_id,
+            suppress_tokens=list(range(num_ids or rows, rows)) or None,  # padding (vocab.py)
         )
     draft.train(was_training)
     new = out[:, width:].tolist()

@@ -60,6 +60,7 @@ from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.io import clean_stale_temps
 from draftsmith.models import count_parameters, load_model, load_tokenizer, pick_device, pick_dtype
 from draftsmith.tracking import wandb_run
+from draftsmith.vocab import token_id_count
 
 
 @dataclass
@@ -85,6 +86,10 @@ class Trainer:
     def draft(self):
         return self.accelerator.unwrap_model(self.model).lm
 
+    @property
+    def num_ids(self) -> int:
+        return self.accelerator.unwrap_model(self.model).num_ids
+
 
 # ----------------------------------------------------------------------------- data
 
@@ -109,6 +114,7 @@ def make_batches(tr: Trainer, step: int, on_policy: bool) -> list[Batch]:
                 eos_id=tr.tokenizer.eos_token_id,
                 seed=seed,
                 device=acc.device,
+                num_ids=tr.num_ids,
             )
         out.append(collate(examples, pad).to(acc.device))
     return out
@@ -237,10 +243,10 @@ def _check_loss(cfg: Config, loss_name: str) -> None:
         )
 
 
-def load_draft(cfg: Config, resume: Path | None, target, target_tok, device):
+def load_draft(cfg: Config, resume: Path | None, target, target_tok, target_config, device):
     """(draft, tokenizer, init description): from a checkpoint, else freshly initialised."""
     if resume is None:
-        return build_draft(cfg, target, target_tok, device)
+        return build_draft(cfg, target, target_tok, device, target_config)
     from transformers import AutoModelForCausalLM
 
     dtype = torch.float32 if cfg.draft.dtype == "auto" else getattr(torch, cfg.draft.dtype)
@@ -298,13 +304,15 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
             revision=cfg.target.revision,
             key="target.model",
         )
-    draft, tok, init = load_draft(cfg, resume, target, target_tok, acc.device)
+    target_config = _target_config(cfg, target)
+    draft, tok, init = load_draft(cfg, resume, target, target_tok, target_config, acc.device)
     say = acc.print
-    info = describe(draft, _target_config(cfg, target), say)
+    info = describe(draft, target_config, say)
+    num_ids = token_id_count(target_tok)  # logits past it are padding (draftsmith/vocab.py)
     teacher = None
     if _uses_target(cfg, loss_name):
         target.requires_grad_(False)
-        teacher = CompletionLogits(target.eval())
+        teacher = CompletionLogits(target.eval(), num_ids)
     del target  # offline/CE: the target is not kept in memory
     optimizer = torch.optim.AdamW(
         trainable_parameters(draft, dcfg.freeze_embeddings),
@@ -312,7 +320,7 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
         weight_decay=dcfg.weight_decay,
     )
     scheduler = get_cosine_schedule_with_warmup(optimizer, dcfg.warmup_steps, dcfg.max_steps)
-    model, optimizer = acc.prepare(CompletionLogits(draft), optimizer)
+    model, optimizer = acc.prepare(CompletionLogits(draft, num_ids), optimizer)
     meta = {
         "init": init,
         "loss_name": loss_name,
