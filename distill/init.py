@@ -155,7 +155,9 @@ def flops_per_token(model) -> int:
 def build_draft(cfg: Config, target, target_tok, device: torch.device, target_config=None):
     """(draft model, draft tokenizer, description) per cfg.draft; the draft in train mode.
 
-    `target_config` (default: the target's) gives the vocabulary rows. Every draft leaves with the target's
+    `target` (the loaded model) is needed by from_target and config; a pretrained draft
+    needs only the target's config (`target_config`, for its vocabulary rows) and reads
+    the generation config from the target's files. Every draft leaves with the target's
     row count and its padding rows filled (draftsmith/vocab.py), so the losses, the
     engine and vLLM's equal-vocabulary check all see one size.
     """
@@ -178,8 +180,24 @@ def build_draft(cfg: Config, target, target_tok, device: torch.device, target_co
         tok, desc = target_tok, "config " + _size_text(draft.config)
     rows = target_config.get_text_config().vocab_size
     match_vocab_rows(draft, rows, token_id_count(target_tok), key="target.model")
-    draft.generation_config = copy.deepcopy(target.generation_config)
+    generation_config = _target_generation_config(cfg, target)
+    if generation_config is not None:  # the target's EOS ids etc. travel with the draft
+        draft.generation_config = generation_config
     return draft.to(device=device, dtype=dtype).train(), tok, desc
+
+
+def _target_generation_config(cfg: Config, target):
+    """The target's generation config: from the loaded model, else from its files (or None)."""
+    if target is not None:
+        return copy.deepcopy(target.generation_config)
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(
+            resolve_model(cfg.target.model, "target.model"), revision=cfg.target.revision
+        )
+    except OSError:  # no generation_config.json: the draft keeps its own
+        return None
 
 
 def _size_text(c) -> str:

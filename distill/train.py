@@ -181,11 +181,15 @@ def train_step(tr: Trainer, step: int) -> dict:
 
 
 def train_state(tr: Trainer) -> dict:
+    scaler = getattr(tr.accelerator, "scaler", None)  # fp16 on GPU only (None on CPU: fp32)
     return {
         "step": tr.step,
         "history": list(tr.history),
         "optimizer": tr.optimizer.state_dict(),
         "scheduler": tr.scheduler.state_dict(),
+        # the loss scale and its growth tracker: without them an fp16 resume restarts at
+        # 2**16 and skips steps the uninterrupted run did not
+        "grad_scaler": scaler.state_dict() if scaler is not None else None,
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "python_rng": random.getstate(),
@@ -195,6 +199,9 @@ def train_state(tr: Trainer) -> dict:
 def restore_train_state(tr: Trainer, state: dict) -> None:
     tr.optimizer.load_state_dict(state["optimizer"])
     tr.scheduler.load_state_dict(state["scheduler"])
+    scaler = getattr(tr.accelerator, "scaler", None)
+    if scaler is not None and state.get("grad_scaler"):
+        scaler.load_state_dict(state["grad_scaler"])
     torch.set_rng_state(state["torch_rng"])
     if state["cuda_rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
@@ -233,6 +240,17 @@ def make_accelerator(cfg: Config):
 
 def _uses_target(cfg: Config, loss_name: str) -> bool:
     return loss_name != "ce" and cfg.distill.teacher == "online"
+
+
+def _needs_target_weights(cfg: Config, loss_name: str, resume: Path | None) -> bool:
+    """Load the target only to teach (online) or to build a fresh from_target/config draft.
+
+    The offline teacher, CE and a pretrained or resumed draft need only the target's
+    tokenizer, config and generation config (small files); a target loaded just to build
+    the draft is dropped right after (`setup`).
+    """
+    builds_draft = resume is None and cfg.draft.init != "pretrained"
+    return _uses_target(cfg, loss_name) or builds_draft
 
 
 def _check_loss(cfg: Config, loss_name: str) -> None:
@@ -294,7 +312,7 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
     data = TrainData(load_train_dataset(cfg.output_dir), dcfg.max_seq_len, need_topk)
     target_tok = load_tokenizer(cfg.target.model, key="target.model")
     target = None
-    if _uses_target(cfg, loss_name) or resume is None:
+    if _needs_target_weights(cfg, loss_name, resume):
         t_dtype = pick_dtype(cfg.target.dtype, acc.device)
         target = load_model(
             cfg.target.model,
