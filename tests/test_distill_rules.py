@@ -194,3 +194,27 @@ def test_grad_scaler_state_round_trips_through_the_checkpoint(tmp_path):
     old = _trainer_with_scaler(torch.amp.GradScaler("cpu"))
     train_mod.restore_train_state(old, state)
     assert old.accelerator.scaler.get_scale() == 2.0**16  # untouched
+
+
+@pytest.mark.gpu
+def test_fp16_resume_restores_the_loss_scale(dirs):
+    """On CUDA with fp16: a run resumed from checkpoint-2 ends with the uninterrupted run's
+    loss scale and losses. (Not run on the CPU machine this was written on.)"""
+    import shutil
+
+    def cfg_for(name):
+        cfg = make_cfg(_run_dir(dirs, name), dirs["target"], max_steps=4, save_every=2, lr=1e-2)
+        cfg.run.device, cfg.distill.mixed_precision = "cuda", "fp16"
+        return cfg
+
+    ref, resumed = cfg_for("fp16-ref"), cfg_for("fp16-resumed")
+    run_distill(ref)
+    run_distill(resumed)
+    ck = resumed.output_dir / "checkpoints"
+    shutil.rmtree(ck / "checkpoint-4")
+    run_distill(resumed)  # resumes from checkpoint-2
+    a = load_train_state(ref.output_dir / "checkpoints" / "checkpoint-4")
+    b = load_train_state(ck / "checkpoint-4")
+    # the scale, or (with no overflow in 4 steps) the growth tracker: 4 vs 2 unrestored
+    assert a["grad_scaler"] is not None and b["grad_scaler"] == a["grad_scaler"]
+    assert b["history"] == pytest.approx(a["history"], rel=1e-3)
