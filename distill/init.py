@@ -21,6 +21,7 @@ from draftsmith.models import (
     load_tokenizer,
     resolve_model,
 )
+from draftsmith.vocab import match_vocab_rows, token_id_count, vocab_rows
 
 
 def select_layers(cfg: DraftConfig, num_target_layers: int) -> list[int]:
@@ -151,15 +152,24 @@ def flops_per_token(model) -> int:
     return 2 * non_emb + 2 * head.numel()
 
 
-def build_draft(cfg: Config, target, target_tok, device: torch.device):
-    """(draft model, draft tokenizer, description) per cfg.draft; the draft in train mode."""
+def build_draft(cfg: Config, target, target_tok, device: torch.device, target_config=None):
+    """(draft model, draft tokenizer, description) per cfg.draft; the draft in train mode.
+
+    `target` (the loaded model) is needed by from_target and config; a pretrained draft
+    needs only the target's config (`target_config`, for its vocabulary rows) and reads
+    the generation config from the target's files. Every draft leaves with the target's
+    row count and its padding rows filled (draftsmith/vocab.py), so the losses, the
+    engine and vLLM's equal-vocabulary check all see one size.
+    """
     dcfg = cfg.draft
+    target_config = target_config if target_config is not None else target.config
     dtype = torch.float32 if dcfg.dtype == "auto" else getattr(torch, dcfg.dtype)
     if dcfg.init == "pretrained":
         draft = load_model(dcfg.model, device=device, dtype=dtype, key="draft.model")
         tok = load_tokenizer(dcfg.model, key="draft.model")
-        rows = draft.get_input_embeddings().weight.shape[0]
-        check_tokenizers_compatible(target_tok, tok, cfg.target.model, dcfg.model, rows)
+        check_tokenizers_compatible(
+            target_tok, tok, cfg.target.model, dcfg.model, vocab_rows(draft)
+        )
         desc = f"pretrained {resolve_model(dcfg.model, 'draft.model')}"
     elif dcfg.init == "from_target":
         layers = select_layers(dcfg, len(_layers_of(target)))
@@ -168,8 +178,26 @@ def build_draft(cfg: Config, target, target_tok, device: torch.device):
     else:
         draft = draft_from_config(target, dcfg, cfg.run.seed)
         tok, desc = target_tok, "config " + _size_text(draft.config)
-    draft.generation_config = copy.deepcopy(target.generation_config)
+    rows = target_config.get_text_config().vocab_size
+    match_vocab_rows(draft, rows, token_id_count(target_tok), key="target.model")
+    generation_config = _target_generation_config(cfg, target)
+    if generation_config is not None:  # the target's EOS ids etc. travel with the draft
+        draft.generation_config = generation_config
     return draft.to(device=device, dtype=dtype).train(), tok, desc
+
+
+def _target_generation_config(cfg: Config, target):
+    """The target's generation config: from the loaded model, else from its files (or None)."""
+    if target is not None:
+        return copy.deepcopy(target.generation_config)
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(
+            resolve_model(cfg.target.model, "target.model"), revision=cfg.target.revision
+        )
+    except OSError:  # no generation_config.json: the draft keeps its own
+        return None
 
 
 def _size_text(c) -> str:

@@ -14,15 +14,27 @@ losses are exactly the divergences they are named for, so they are 0 when the
 distributions match and comparable across temperatures only as divergences.
 
 Offline teacher (`TopK`): generate stores only the target's k most likely ids
-and their log-probs. The divergence is then computed over k+1 buckets: the k
-stored tokens, plus one "rest" bucket holding the remaining mass (1 - sum of the
-k probabilities for the target; the draft's own mass outside those k ids for
-the draft). This is exact when k covers the vocabulary and otherwise a coarser
-(lower-bound, by the data-processing inequality) version of the full divergence.
-Only the draft's logsumexp and k gathered logits are needed, so no extra
-(N, V) tensor is built. Stored log-probs are at temperature 1; for T != 1 the k
-log-probs and the rest bucket are divided by T and renormalised over the k+1
-buckets (the rest bucket is tempered as if it were one token: an approximation).
+and their log-probs, at temperature 1. The divergence is then computed over k+1
+buckets: the k stored tokens, plus one "rest" bucket holding the remaining mass
+(1 - sum of the k probabilities for the target; the draft's own mass outside those
+k ids for the draft). Both sides are bucketed at temperature 1, from the draft's
+logsumexp and k gathered logits (no extra (N, V) tensor). This is exact when k
+covers the vocabulary and otherwise a coarser (lower-bound, by the data-processing
+inequality) version of the full divergence.
+
+Temperature with the offline teacher: the tempered bucket distribution is
+b_T(j) = b(j)^(1/T) / sum_i b(i)^(1/T) over the k+1 buckets b (at temperature 1), that
+is, the temperature applied to the coarse distribution with "rest" as ONE outcome. It
+is not the bucketing of the tempered full distribution (that needs the rest mass's
+spread over the vocabulary, which is not stored), and equals it only when the rest
+bucket is empty or one token. Student and teacher go through exactly this same map,
+so every divergence is 0 at student = teacher and has a stationary point there.
+(Tempering the student over the full vocabulary before bucketing, as an earlier
+version did, left the loss > 0 at student = teacher for any T != 1 with k < V.)
+
+Stored ids past the student's logits (rows the tokenizer never produces: a random
+tiny target can rank them in its top-k; see draftsmith/vocab.py) are dropped from both
+sides; the teacher's mass on them counts in its rest bucket.
 """
 
 from __future__ import annotations
@@ -43,6 +55,9 @@ LOSSES = get_args(LossName)  # the config's choices; distill_loss dispatches eac
 # temperature from inflating rounding noise into real mass.
 _REST_NOISE = 1e-6
 _MIN_REST_MASS = 1e-12
+# The log-prob of a stored id that is not a token of the student: exp() is exactly 0 in fp32
+# even after division by a temperature, yet finite, so KL's p * (log p - log q) stays 0, not nan.
+_ABSENT = -1e4
 
 
 class TokenSum(NamedTuple):
@@ -75,22 +90,39 @@ def _log_rest(logprobs: Tensor) -> Tensor:
     return rest.log()
 
 
+def _buckets(top: Tensor) -> Tensor:
+    """(..., k) log-probs of the stored ids -> (..., k+1): those k, then the rest bucket."""
+    return torch.cat([top, _log_rest(top).unsqueeze(-1)], -1)
+
+
+def _temper(logp: Tensor, temperature: float) -> Tensor:
+    """Log-probs of a distribution -> those of p^(1/T) renormalised, on the same outcomes."""
+    return logp if temperature == 1.0 else F.log_softmax(logp / temperature, -1)
+
+
+def _on_stored_ids(student: Tensor, teacher: TopK) -> tuple[Tensor, Tensor]:
+    """(student, teacher) log-probs at temperature 1 on the stored ids: (..., k) each.
+
+    Ids past the student's logits get _ABSENT on both sides: no mass, finite gradients.
+    """
+    width = student.shape[-1]
+    inside = teacher.ids < width  # (..., k)
+    ids = teacher.ids.clamp_max(width - 1)
+    s_top = student.gather(-1, ids) - torch.logsumexp(student, -1, keepdim=True)
+    t_top = teacher.logprobs.float()
+    return s_top.masked_fill(~inside, _ABSENT), t_top.masked_fill(~inside, _ABSENT)
+
+
 def log_probs_on_support(
     student_logits: Tensor, teacher: Tensor | TopK, temperature: float = 1.0
 ) -> tuple[Tensor, Tensor]:
-    """(student log q, teacher log p) on a shared support: the vocab, or k+1 buckets."""
+    """(student log q, teacher log p), both tempered, on one support: the vocab, or k+1 buckets."""
     s = student_logits.float()
-    if temperature != 1.0:
-        s = s / temperature
     if not isinstance(teacher, TopK):
-        return F.log_softmax(s, -1), F.log_softmax(teacher.float() / temperature, -1)  # (..., V)
-    s_top = s.gather(-1, teacher.ids) - torch.logsumexp(s, -1, keepdim=True)  # (..., k)
-    s_logp = torch.cat([s_top, _log_rest(s_top).unsqueeze(-1)], -1)  # (..., k+1)
-    t_top = teacher.logprobs.float()
-    t_logp = torch.cat([t_top, _log_rest(t_top).unsqueeze(-1)], -1)  # (..., k+1)
-    if temperature != 1.0:
-        t_logp = F.log_softmax(t_logp / temperature, -1)
-    return s_logp, t_logp
+        t = teacher.float()
+        return F.log_softmax(s / temperature, -1), F.log_softmax(t / temperature, -1)  # (..., V)
+    s_top, t_top = _on_stored_ids(s, teacher)  # temperature 1, like the stored log-probs
+    return _temper(_buckets(s_top), temperature), _temper(_buckets(t_top), temperature)
 
 
 # ----------------------------------------------------------------------------- per-token divergences

@@ -67,6 +67,7 @@ from draftsmith.models import (
     pick_device,
 )
 from draftsmith.tracking import wandb_run
+from draftsmith.vocab import token_id_count
 
 
 @dataclass
@@ -92,6 +93,10 @@ class Trainer:
     def draft(self):
         return self.accelerator.unwrap_model(self.model).lm
 
+    @property
+    def num_ids(self) -> int:
+        return self.accelerator.unwrap_model(self.model).num_ids
+
 
 # ----------------------------------------------------------------------------- data
 
@@ -116,6 +121,7 @@ def make_batches(tr: Trainer, step: int, on_policy: bool) -> list[Batch]:
                 eos_id=tr.tokenizer.eos_token_id,
                 seed=seed,
                 device=acc.device,
+                num_ids=tr.num_ids,
             )
         out.append(collate(examples, pad).to(acc.device))
     return out
@@ -182,11 +188,15 @@ def train_step(tr: Trainer, step: int) -> dict:
 
 
 def train_state(tr: Trainer) -> dict:
+    scaler = getattr(tr.accelerator, "scaler", None)  # fp16 on GPU only (None on CPU: fp32)
     return {
         "step": tr.step,
         "history": list(tr.history),
         "optimizer": tr.optimizer.state_dict(),
         "scheduler": tr.scheduler.state_dict(),
+        # the loss scale and its growth tracker: without them an fp16 resume restarts at
+        # 2**16 and skips steps the uninterrupted run did not
+        "grad_scaler": scaler.state_dict() if scaler is not None else None,
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "python_rng": random.getstate(),
@@ -196,6 +206,9 @@ def train_state(tr: Trainer) -> dict:
 def restore_train_state(tr: Trainer, state: dict) -> None:
     tr.optimizer.load_state_dict(state["optimizer"])
     tr.scheduler.load_state_dict(state["scheduler"])
+    scaler = getattr(tr.accelerator, "scaler", None)
+    if scaler is not None and state.get("grad_scaler"):
+        scaler.load_state_dict(state["grad_scaler"])
     torch.set_rng_state(state["torch_rng"])
     if state["cuda_rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
@@ -236,6 +249,17 @@ def _uses_target(cfg: Config, loss_name: str) -> bool:
     return loss_name != "ce" and cfg.distill.teacher == "online"
 
 
+def _needs_target_weights(cfg: Config, loss_name: str, resume: Path | None) -> bool:
+    """Load the target only to teach (online) or to build a fresh from_target/config draft.
+
+    The offline teacher, CE and a pretrained or resumed draft need only the target's
+    tokenizer, config and generation config (small files); a target loaded just to build
+    the draft is dropped right after (`setup`).
+    """
+    builds_draft = resume is None and cfg.draft.init != "pretrained"
+    return _uses_target(cfg, loss_name) or builds_draft
+
+
 def _check_loss(cfg: Config, loss_name: str) -> None:
     if loss_name == "ce" and cfg.distill.on_policy_fraction > 0:
         raise ConfigError(
@@ -244,10 +268,10 @@ def _check_loss(cfg: Config, loss_name: str) -> None:
         )
 
 
-def load_draft(cfg: Config, resume: Path | None, target, target_tok, device):
+def load_draft(cfg: Config, resume: Path | None, target, target_tok, target_config, device):
     """(draft, tokenizer, init description): from a checkpoint, else freshly initialised."""
     if resume is None:
-        return build_draft(cfg, target, target_tok, device)
+        return build_draft(cfg, target, target_tok, device, target_config)
     from transformers import AutoModelForCausalLM
 
     dtype = torch.float32 if cfg.draft.dtype == "auto" else getattr(torch, cfg.draft.dtype)
@@ -295,15 +319,17 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
     data = TrainData(load_train_dataset(cfg.output_dir), dcfg.max_seq_len, need_topk)
     target_tok = load_target_tokenizer(cfg.target)
     target = None
-    if _uses_target(cfg, loss_name) or resume is None:
+    if _needs_target_weights(cfg, loss_name, resume):
         target = load_target(cfg.target, acc.device)
-    draft, tok, init = load_draft(cfg, resume, target, target_tok, acc.device)
+    target_config = _target_config(cfg, target)
+    draft, tok, init = load_draft(cfg, resume, target, target_tok, target_config, acc.device)
     say = acc.print
-    info = describe(draft, _target_config(cfg, target), say)
+    info = describe(draft, target_config, say)
+    num_ids = token_id_count(target_tok)  # logits past it are padding (draftsmith/vocab.py)
     teacher = None
     if _uses_target(cfg, loss_name):
         target.requires_grad_(False)
-        teacher = CompletionLogits(target.eval())
+        teacher = CompletionLogits(target.eval(), num_ids)
     del target  # offline/CE: the target is not kept in memory
     optimizer = torch.optim.AdamW(
         trainable_parameters(draft, dcfg.freeze_embeddings),
@@ -311,7 +337,7 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
         weight_decay=dcfg.weight_decay,
     )
     scheduler = get_cosine_schedule_with_warmup(optimizer, dcfg.warmup_steps, dcfg.max_steps)
-    model, optimizer = acc.prepare(CompletionLogits(draft), optimizer)
+    model, optimizer = acc.prepare(CompletionLogits(draft, num_ids), optimizer)
     meta = {
         "init": init,
         "loss_name": loss_name,

@@ -16,7 +16,8 @@ from draftsmith.config import Config
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate.report import format_comparison
 from draftsmith.io import atomic_dir, atomic_write_json
-from draftsmith.models import resolve_model
+from draftsmith.models import load_tokenizer, resolve_model
+from draftsmith.vocab import match_vocab_rows, token_id_count
 
 # What a serving stack needs from a checkpoint dir; train state stays behind.
 MODEL_FILES = (
@@ -72,6 +73,39 @@ def copy_model_files(src: Path, dest: Path) -> list[str]:
         shutil.copy2(shard, dest / shard.name)
         copied.append(shard.name)
     return copied
+
+
+def _vocab_size(path: str, **kw) -> int:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path, **kw).get_text_config().vocab_size
+
+
+def match_target_vocab(cfg: Config, model_dir: Path) -> None:
+    """Rewrite the exported draft on the target's row count, padding rows filled (vocab.py).
+
+    vLLM's `draft_model` method refuses a draft whose vocab_size differs from the target's,
+    and it does not cut rows past the tokenizer the way draftsmith's engine does: those
+    are set to the mean of the real rows (again: training moved the real ones), so greedy
+    drafting never proposes one. A draft with neither difference is left as copied.
+    """
+    t = cfg.target
+    target_rows = _vocab_size(
+        resolve_model(t.model, "target.model"),
+        trust_remote_code=t.trust_remote_code,
+        revision=t.revision,
+    )
+    num_ids = token_id_count(load_tokenizer(str(model_dir), key="export.checkpoint"))
+    remote = t.trust_remote_code
+    if _vocab_size(str(model_dir), trust_remote_code=remote) == target_rows == num_ids:
+        return
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto", trust_remote_code=remote)
+    match_vocab_rows(lm, target_rows, num_ids, key="target.model")
+    for old in [*model_dir.glob("model*.safetensors"), model_dir / "model.safetensors.index.json"]:
+        old.unlink(missing_ok=True)  # save_pretrained may shard differently
+    lm.save_pretrained(model_dir)
 
 
 def speculative_config(model_dir: Path, k: int) -> dict:
@@ -257,6 +291,7 @@ def run_export(cfg: Config) -> Path:
     )
     with atomic_dir(out, overwrite=cfg.export.overwrite) as tmp:
         copy_model_files(Path(row["path"]), tmp)
+        match_target_vocab(cfg, tmp)
         assistant_generation_config(tmp / "generation_config.json", k)
         atomic_write_json(tmp / "speculative_config.json", speculative_config(out, k))
         atomic_write_json(tmp / "leaderboard_row.json", row)

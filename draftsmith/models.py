@@ -355,17 +355,16 @@ def check_tokenizers_compatible(
     """
     tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
     if tv != dv:
-        diffs = []
-        for tok in sorted(
-            set(tv) | set(dv), key=lambda t: min(tv.get(t, 1 << 30), dv.get(t, 1 << 30))
-        ):
-            if tv.get(tok) != dv.get(tok):
-                diffs.append(f"{tok!r}: {tv.get(tok)} vs {dv.get(tok)}")
-            if len(diffs) == 3:
-                break
+        differ = [t for t in set(tv) | set(dv) if tv.get(t) != dv.get(t)]
+        # the lowest id either side gives it; the token text breaks ties (deterministic)
+        first = min(
+            differ, key=lambda t: (min(i for i in (tv.get(t), dv.get(t)) if i is not None), t)
+        )
         raise DraftsmithError(
-            f"tokenizer mismatch between target {target_name} ({len(tv)} tokens) and draft "
-            f"{draft_name} ({len(dv)} tokens): first differences {'; '.join(diffs)}"
+            f"tokenizer mismatch between target {target_name} and draft {draft_name}: token "
+            f"{first!r} has {_id_text(tv.get(first))} in the target and "
+            f"{_id_text(dv.get(first))} in the draft ({len(differ)} tokens differ; "
+            f"{len(tv)} vs {len(dv)} tokens); the draft must use the target's tokenizer"
         )
     if draft_vocab_rows is not None and draft_vocab_rows < max(tv.values()) + 1:
         raise DraftsmithError(
@@ -378,6 +377,10 @@ def check_tokenizers_compatible(
         if a != b:
             notes.append(f"{attr} differs: target {a!r}, draft {b!r}")
     return notes
+
+
+def _id_text(i: int | None) -> str:
+    return "no id" if i is None else f"id {i}"
 
 
 def count_parameters(model) -> int:

@@ -115,6 +115,7 @@ class SpeculativeDecoder:
         eos_ids: Iterable[int] = (),
         verify_fn: VerifyFn | None = None,
         few_row_linear: bool = True,
+        num_ids: int | None = None,
     ):
         self.target, self.draft = target, draft
         self.k = k if draft is not None else 0
@@ -129,8 +130,13 @@ class SpeculativeDecoder:
         self._sync = self.device.type == "cuda"
         self._target_kw = cache_kwarg(target)
         self._draft_kw = cache_kwarg(draft) if draft is not None else None
-        # a draft may carry padding rows past the target's vocabulary: never propose those
-        self.vocab = target.config.get_text_config().vocab_size
+        # Only the tokenizer's ids (`num_ids`, draftsmith.vocab.token_id_count) are ever
+        # proposed, sampled or emitted: both models' logits are cut to them, so padding rows
+        # (either model's, whatever their weights) never win, and a draft with another row
+        # count than the target still gives p and q of one width. Without num_ids: the
+        # smaller row count of the two (every token id is below both).
+        rows = [m.config.get_text_config().vocab_size for m in (target, draft) if m is not None]
+        self.vocab = num_ids or min(rows)
 
     # -- forwards ---------------------------------------------------------------------------
 

@@ -48,6 +48,7 @@ from draftsmith.models import (
     pick_dtype,
     resolve_model,
 )
+from draftsmith.vocab import token_id_count
 
 # ----------------------------------------------------------------------------- cache keys
 
@@ -183,6 +184,7 @@ class NativeEvaluator:
             sampling=self.sampling,
             eos_ids=self._eos(),
             few_row_linear=self.cfg.evaluate.cpu_few_row_linear,
+            num_ids=token_id_count(self.models.tokenizer()),
         )
         results = decode_prompts(decoder, self.prompts, self.cfg, "target-only")
         atomic_write_json(path, {"settings": self.settings, "results": results})
@@ -210,6 +212,7 @@ class NativeEvaluator:
             sampling=self.sampling,
             eos_ids=self._eos(),
             few_row_linear=self.cfg.evaluate.cpu_few_row_linear,
+            num_ids=token_id_count(self.models.tokenizer()),
         )
         results = decode_prompts(decoder, self.prompts, self.cfg, f"{draft['name']} k={k}")
         rate = None

@@ -15,13 +15,16 @@ import torch
 from draftsmith.config import config_from_dict
 
 
-def write_dataset(out: Path, target_dir: Path, n: int = 16, k: int = 8, seed: int = 0) -> None:
+def write_dataset(
+    out: Path, target_dir: Path, n: int = 16, k: int = 8, seed: int = 0, num_ids: int | None = None
+) -> None:
+    """`num_ids`: token ids are drawn below it (the tokenizer's ids), default the target's rows."""
     import datasets
     from transformers import AutoModelForCausalLM
 
     g = torch.Generator().manual_seed(seed)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    vocab = target.config.vocab_size
+    vocab = num_ids or target.config.vocab_size
     rows = {
         k_: []
         for k_ in (

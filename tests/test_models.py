@@ -80,14 +80,27 @@ def test_tokenizer_check_accepts_same_vocab_and_padding_rows():
     )
 
 
-def test_tokenizer_check_names_models_and_first_differences():
+def test_tokenizer_check_names_the_first_differing_token_and_both_ids():
+    """Same size, same tokens, two ids swapped: the token -> id maps are compared, not sizes."""
+    tok = models.build_byte_tokenizer()
+    a, b = tok.get_vocab()["a"], tok.get_vocab()["b"]
     with pytest.raises(DraftsmithError) as info:
-        models.check_tokenizers_compatible(
-            models.build_byte_tokenizer(), _shuffled_byte_tokenizer(), "my-target", "my-draft"
-        )
-    msg = str(info.value)
-    assert "my-target" in msg and "my-draft" in msg
-    assert "'a'" in msg and "'b'" in msg
+        models.check_tokenizers_compatible(tok, _shuffled_byte_tokenizer(), "my-target", "my-draft")
+    assert str(info.value) == (
+        "tokenizer mismatch between target my-target and draft my-draft: token 'a' has "
+        f"id {a} in the target and id {b} in the draft (2 tokens differ; 259 vs 259 tokens); "
+        "the draft must use the target's tokenizer"
+    )
+
+
+def test_tokenizer_check_names_a_token_only_one_side_has():
+    """An added token the target lacks is named, with "no id" on the target side."""
+    extra = models.build_byte_tokenizer()
+    extra.add_tokens(["<tool>"])
+    with pytest.raises(
+        DraftsmithError, match="token '<tool>' has no id in the target and id 259 in the draft"
+    ):
+        models.check_tokenizers_compatible(models.build_byte_tokenizer(), extra, "t", "d")
 
 
 def test_tokenizer_check_rejects_too_few_embedding_rows():
