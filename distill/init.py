@@ -18,6 +18,7 @@ from draftsmith.models import (
     check_tokenizers_compatible,
     count_parameters,
     load_model,
+    load_target_generation_config,
     load_tokenizer,
     resolve_model,
 )
@@ -190,14 +191,7 @@ def _target_generation_config(cfg: Config, target):
     """The target's generation config: from the loaded model, else from its files (or None)."""
     if target is not None:
         return copy.deepcopy(target.generation_config)
-    from transformers import GenerationConfig
-
-    try:
-        return GenerationConfig.from_pretrained(
-            resolve_model(cfg.target.model, "target.model"), revision=cfg.target.revision
-        )
-    except OSError:  # no generation_config.json: the draft keeps its own
-        return None
+    return load_target_generation_config(cfg.target)
 
 
 def _size_text(c) -> str:
