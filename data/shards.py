@@ -34,6 +34,7 @@ def features(topk: bool) -> datasets.Features:
         "split": datasets.Value("string"),
         "sample_index": datasets.Value("int32"),
         "finish_reason": datasets.Value("string"),
+        "kind": datasets.Value("string"),  # "target" (written by it) or "score" (scored by it)
     }
     if topk:
         cols["topk_ids"] = datasets.Sequence(datasets.Sequence(datasets.Value("int32")))

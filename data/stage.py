@@ -38,6 +38,7 @@ from draftsmith.models import (
     load_target_generation_config,
     load_target_tokenizer,
     model_fingerprint,
+    pick_batch_dtype,
     pick_device,
     resolve_model,
 )
@@ -53,6 +54,9 @@ class Encoded:
     ids: list[int]
     category: str
     source: str
+    # kind=score: the source's reply to score, tokenized and cut to max_new_tokens (+ EOS
+    # when it ends within them); None: the target writes the completion.
+    reply_ids: list[int] | None = None
 
 
 @dataclass
@@ -90,16 +94,25 @@ def context_limit(cfg: Config, model_config) -> int | None:
     return ctx - cfg.data.max_new_tokens
 
 
+def encode_reply(reply: str, tokenizer, max_new_tokens: int) -> list[int]:
+    """A source's reply as a completion: its tokens, cut to max_new_tokens, ending with the
+    EOS that closes the turn when the whole reply fits (as the target's own completions do)."""
+    ids = tokenizer(reply, add_special_tokens=False)["input_ids"]
+    if len(ids) < max_new_tokens and tokenizer.eos_token_id is not None:
+        return ids + [tokenizer.eos_token_id]
+    return ids[:max_new_tokens]
+
+
 def encode_all(prompts: list[Prompt], cfg: Config, tokenizer) -> list[Encoded]:
     templated = cfg.data.chat_template and bool(getattr(tokenizer, "chat_template", None))
     out = []
     for p in prompts:
         text = render(p, tokenizer, cfg.data.chat_template, cfg.data.system_prompt)
-        out.append(
-            Encoded(
-                prompt_id(p), p.key, text, encode(text, tokenizer, templated), p.category, p.source
-            )
-        )
+        reply = None
+        if p.reply is not None:
+            reply = encode_reply(p.reply, tokenizer, cfg.data.max_new_tokens)
+        ids = encode(text, tokenizer, templated)
+        out.append(Encoded(prompt_id(p), p.key, text, ids, p.category, p.source, reply))
     return out
 
 
@@ -235,7 +248,8 @@ def make_backend(cfg: Config, tokenizer, model_path: str):
 
     from draftsmith.data.hf_backend import HFBackend
 
-    model = load_target(cfg.target, pick_device(cfg.run.device))
+    device = pick_device(cfg.run.device)
+    model = load_target(cfg.target, device, pick_batch_dtype(cfg.target, device))
     return HFBackend(model, tokenizer, cfg.data)
 
 
@@ -266,6 +280,7 @@ def shard_rows(shard: list[Encoded], comps, tokenizer, topk: bool) -> dict[str, 
                 split="train",
                 sample_index=j,
                 finish_reason=c.finish_reason,
+                kind="target" if p.reply_ids is None else "score",
                 topk_ids=c.topk_ids,
                 topk_logprobs=c.topk_logprobs,
             )
@@ -294,18 +309,43 @@ def generate_shards(
 
     topk = cfg.data.topk_logprobs > 0
     for i in todo:
-        start = time.perf_counter()
-        comps = backend.generate([p.ids for p in plan[i]], shard_seed(cfg.run.seed, i), on_batch)
-        wall = time.perf_counter() - start
+        comps, info = complete_shard(backend, plan[i], shard_seed(cfg.run.seed, i), on_batch)
         rows = shard_rows(plan[i], comps, tokenizer, topk)
-        info = {
-            "prompts": len(plan[i]),
-            "completions": len(rows["completion_ids"]),
-            "completion_tokens": sum(map(len, rows["completion_ids"])),
-            "wall_time_s": wall,
-        }
+        info |= {"prompts": len(plan[i]), "completions": len(rows["completion_ids"])}
         shards.write_shard(data_dir, i, rows, info, topk)
     bar.close()
+
+
+def complete_shard(backend, shard: list[Encoded], seed: int, on_batch):
+    """Per prompt its completions (written by the target, or its reply scored), and the
+    shard's cost per kind: tokens, wall and process CPU seconds (CPU time is what the
+    README's per-kind comparison charges, since wall time depends on the machine's load)."""
+    comps: list = [None] * len(shard)
+    info = {"completion_tokens": 0, "wall_time_s": 0.0, "cpu_time_s": 0.0, "by_kind": {}}
+    written = [j for j, p in enumerate(shard) if p.reply_ids is None]
+    scored = [j for j, p in enumerate(shard) if p.reply_ids is not None]
+    for kind, idx in (("target", written), ("score", scored)):
+        if not idx:
+            continue
+        wall, cpu = time.perf_counter(), time.process_time()
+        if kind == "target":
+            got = backend.generate([shard[j].ids for j in idx], seed, on_batch)
+        else:
+            pairs = [(shard[j].ids, shard[j].reply_ids) for j in idx]
+            got = [[c] for c in backend.score(pairs, on_batch)]
+        cost = {
+            "prompts": len(idx),
+            "tokens": sum(len(c.token_ids) for cs in got for c in cs),
+            "wall_time_s": time.perf_counter() - wall,
+            "cpu_time_s": time.process_time() - cpu,
+        }
+        for j, cs in zip(idx, got):
+            comps[j] = cs
+        info["by_kind"][kind] = cost
+        info["completion_tokens"] += cost["tokens"]
+        info["wall_time_s"] += cost["wall_time_s"]
+        info["cpu_time_s"] += cost["cpu_time_s"]
+    return comps, info
 
 
 # ----------------------------------------------------------------------------- finishing
@@ -364,9 +404,26 @@ def build_meta(cfg: Config, prep: PreparedPrompts, infos: list[dict], ds, model_
         "eos_policy": "completion_ids end with the EOS token when one was generated; nothing after it",
         "num_shards": len(infos),
         "wall_time_s": round(wall, 3),
+        "cpu_time_s": round(sum(i.get("cpu_time_s", 0.0) for i in infos), 3),
         "tokens_per_s": round(completion_tokens / wall, 2) if wall > 0 else None,
+        "by_kind": cost_by_kind(infos),
+        "batch_dtype": str(pick_batch_dtype(cfg.target, pick_device(cfg.run.device))),
         "settings": settings(cfg),
     }
+
+
+def cost_by_kind(infos: list[dict]) -> dict:
+    """Prompts, tokens and seconds per data kind over all shards (+ tokens per CPU-second)."""
+    out: dict[str, dict] = {}
+    for info in infos:
+        for kind, cost in info.get("by_kind", {}).items():
+            acc = out.setdefault(kind, dict.fromkeys(cost, 0))
+            for key, value in cost.items():
+                acc[key] += value
+    for cost in out.values():
+        cpu = cost["cpu_time_s"]
+        cost["tokens_per_cpu_s"] = round(cost["tokens"] / cpu, 2) if cpu > 0 else None
+    return out
 
 
 def finish(

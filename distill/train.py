@@ -59,11 +59,13 @@ from draftsmith.distill.teacher import (
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.io import clean_stale_temps
 from draftsmith.models import (
+    batched_bf16,
     count_parameters,
     load_target,
     load_target_config,
     load_target_tokenizer,
     load_tokenizer,
+    pick_batch_dtype,
     pick_device,
 )
 from draftsmith.tracking import wandb_run
@@ -88,6 +90,9 @@ class Trainer:
     checkpoints_dir: Path
     step: int = 0
     history: list[float] = field(default_factory=list)
+    # process CPU seconds spent in optimizer steps, over all resumes: what a run's training
+    # cost, independent of the machine's load (README compares data kinds by it)
+    cpu_seconds: float = 0.0
 
     @property
     def draft(self):
@@ -192,6 +197,7 @@ def train_state(tr: Trainer) -> dict:
     return {
         "step": tr.step,
         "history": list(tr.history),
+        "cpu_seconds": tr.cpu_seconds,
         "optimizer": tr.optimizer.state_dict(),
         "scheduler": tr.scheduler.state_dict(),
         # the loss scale and its growth tracker: without them an fp16 resume restarts at
@@ -214,6 +220,7 @@ def restore_train_state(tr: Trainer, state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     random.setstate(state["python_rng"])
     tr.step, tr.history = int(state["step"]), list(state["history"])
+    tr.cpu_seconds = float(state.get("cpu_seconds", 0.0))  # absent in older checkpoints
 
 
 def save(tr: Trainer) -> None:
@@ -225,6 +232,7 @@ def save(tr: Trainer) -> None:
             "loss": tr.history[-1] if tr.history else None,
             "loss_history": tr.history,
             "lr": tr.scheduler.get_last_lr()[0],
+            "cpu_time_s": round(tr.cpu_seconds, 3),
         }
         save_checkpoint(tr.checkpoints_dir, tr.step, tr.draft, tr.tokenizer, train_state(tr), meta)
         prune_checkpoints(tr.checkpoints_dir, tr.cfg.distill.keep_last)
@@ -240,8 +248,7 @@ def make_accelerator(cfg: Config):
     device = pick_device(cfg.run.device)
     mp = cfg.distill.mixed_precision
     if mp == "auto":
-        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        mp = "bf16" if bf16 else "no"
+        mp = "bf16" if batched_bf16(device) else "no"
     return Accelerator(mixed_precision=mp, cpu=device.type == "cpu")
 
 
@@ -320,7 +327,7 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
     target_tok = load_target_tokenizer(cfg.target)
     target = None
     if _needs_target_weights(cfg, loss_name, resume):
-        target = load_target(cfg.target, acc.device)
+        target = load_target(cfg.target, acc.device)  # serving dtype: the draft copies it
     target_config = _target_config(cfg, target)
     draft, tok, init = load_draft(cfg, resume, target, target_tok, target_config, acc.device)
     say = acc.print
@@ -328,7 +335,8 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
     num_ids = token_id_count(target_tok)  # logits past it are padding (draftsmith/vocab.py)
     teacher = None
     if _uses_target(cfg, loss_name):
-        target.requires_grad_(False)
+        # the online teacher scores whole batches: the target's batched dtype (bf16 where fast)
+        target.requires_grad_(False).to(pick_batch_dtype(cfg.target, acc.device))
         teacher = CompletionLogits(target.eval(), num_ids)
     del target  # offline/CE: the target is not kept in memory
     optimizer = torch.optim.AdamW(
@@ -399,7 +407,9 @@ def run_loop(tr: Trainer, run) -> None:
     )
     window, t0 = [], time.perf_counter()
     while tr.step < dcfg.max_steps:
+        cpu = time.process_time()
         metrics = train_step(tr, tr.step)
+        tr.cpu_seconds += time.process_time() - cpu
         tr.step += 1
         tr.history.append(metrics["loss"])
         window.append(metrics)

@@ -50,9 +50,14 @@ class RunConfig:
 class TargetConfig:
     model: str = "smollm2-135m-instruct"  # registry name, local dir or hub id
     revision: str | None = None
+    # Serving dtype, used where the target decodes one sequence at a time (evaluate).
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = (
         "auto"  # auto: bf16 on cuda, fp32 on cpu
     )
+    # The target's batched work: generation batches, scoring, the online teacher in distill.
+    # auto: bf16 on cuda and on CPUs with native bf16 matmuls (AVX512-BF16 / AMX), fp32
+    # elsewhere; bf16 pays on many rows, not on one (README "bf16 on CPU").
+    batch_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     trust_remote_code: bool = False
 
 
@@ -85,9 +90,17 @@ class PromptSource:
     hub_split: str = "train"
     prompt_field: str = "prompt"  # plain text prompt ...
     messages_field: str | None = None  # ... or chat messages [{role, content}, ...]
+    # kind=score: the text that answered the prompt in the source, scored by the target
+    # instead of written by it. sharegpt: the assistant turn that followed; messages_field:
+    # a final assistant message; prompt_field records: this field.
+    reply_field: str | None = None
     category_field: str | None = "category"
     category: str | None = None  # fixed category for every prompt of this source
     limit: int | None = field(default=None, metadata=_range(ge=1))
+    # target: the target writes each completion (data.max_new_tokens, its sampling settings);
+    # score: the source's own reply, cut to data.max_new_tokens, is scored by the target in
+    # one teacher-forced forward (top-k log-probs as for written text, no decoding).
+    kind: Literal["target", "score"] = "target"
     # train: every prompt is trained on; eval: every prompt is held out (never trained on, and
     # no training prompt may be a near-duplicate of it); both: split by data.eval_fraction.
     role: Literal["train", "eval", "both"] = "both"
@@ -174,7 +187,8 @@ class DistillConfig:
     batch_size: int = field(default=8, metadata=_range(ge=1))
     grad_accum_steps: int = field(default=1, metadata=_range(ge=1))
     max_grad_norm: float = field(default=1.0, metadata=_range(gt=0))
-    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"  # auto: bf16 where supported
+    # auto: bf16 on cuda (where supported) and on CPUs with native bf16 matmuls, else no
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
     max_seq_len: int | None = field(default=None, metadata=_range(ge=2))
     # Keep the token embeddings (and the LM head they are tied to) as the target's: the
     # head's weight gradient is the costliest matmul of a small draft's step, and a frozen
@@ -381,10 +395,34 @@ def _check_cross_fields(cfg: Config) -> None:
             raise ConfigError(
                 f"data.sources[{i}].min_chars: {src.min_chars} is over max_chars {src.max_chars}"
             )
+        _check_score_source(cfg, src, i)
     if not cfg.data.sources:
         raise ConfigError("data.sources: at least one prompt source is required")
     if all(src.role == "eval" for src in cfg.data.sources):
         raise ConfigError("data.sources: every source has role 'eval'; nothing would be trained on")
+
+
+def _check_score_source(cfg: Config, src: PromptSource, i: int) -> None:
+    """kind=score needs replies to score, a role that trains, and top-k log-probs to store."""
+    if src.reply_field and not (src.path or src.hub):
+        raise ConfigError(f"data.sources[{i}].reply_field: only file and hub sources have fields")
+    if src.kind != "score":
+        return
+    has_replies = src.builtin == "sharegpt" or src.messages_field or src.reply_field
+    if not has_replies:
+        raise ConfigError(
+            f"data.sources[{i}].kind: 'score' needs replies to score: the sharegpt builtin, a "
+            "messages_field whose conversations end with an assistant turn, or a reply_field"
+        )
+    if src.role == "eval":
+        raise ConfigError(
+            f"data.sources[{i}].kind: 'score' makes training text, but role 'eval' never trains"
+        )
+    if cfg.data.topk_logprobs == 0:
+        raise ConfigError(
+            f"data.topk_logprobs: must be > 0 when data.sources[{i}] has kind 'score' (scoring "
+            "stores the target's top-k log-probs)"
+        )
 
 
 # ----------------------------------------------------------------------------- loading
