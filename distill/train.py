@@ -93,6 +93,7 @@ class Trainer:
     # process CPU seconds spent in optimizer steps, over all resumes: what a run's training
     # cost, independent of the machine's load (README compares data kinds by it)
     cpu_seconds: float = 0.0
+    tokens_seen: int = 0  # completion tokens trained on so far (sums over epochs)
 
     @property
     def draft(self):
@@ -198,6 +199,7 @@ def train_state(tr: Trainer) -> dict:
         "step": tr.step,
         "history": list(tr.history),
         "cpu_seconds": tr.cpu_seconds,
+        "tokens_seen": tr.tokens_seen,
         "optimizer": tr.optimizer.state_dict(),
         "scheduler": tr.scheduler.state_dict(),
         # the loss scale and its growth tracker: without them an fp16 resume restarts at
@@ -221,6 +223,7 @@ def restore_train_state(tr: Trainer, state: dict) -> None:
     random.setstate(state["python_rng"])
     tr.step, tr.history = int(state["step"]), list(state["history"])
     tr.cpu_seconds = float(state.get("cpu_seconds", 0.0))  # absent in older checkpoints
+    tr.tokens_seen = int(state.get("tokens_seen", 0))
 
 
 def save(tr: Trainer) -> None:
@@ -233,6 +236,7 @@ def save(tr: Trainer) -> None:
             "loss_history": tr.history,
             "lr": tr.scheduler.get_last_lr()[0],
             "cpu_time_s": round(tr.cpu_seconds, 3),
+            "tokens_seen": tr.tokens_seen,
         }
         save_checkpoint(tr.checkpoints_dir, tr.step, tr.draft, tr.tokenizer, train_state(tr), meta)
         prune_checkpoints(tr.checkpoints_dir, tr.cfg.distill.keep_last)
@@ -315,7 +319,7 @@ def describe(draft, target_config, say) -> dict:
 
 
 def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | None) -> Trainer:
-    from transformers import get_cosine_schedule_with_warmup
+    from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
     dcfg = cfg.distill
     acc = make_accelerator(cfg)
@@ -344,7 +348,10 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
         lr=dcfg.lr,
         weight_decay=dcfg.weight_decay,
     )
-    scheduler = get_cosine_schedule_with_warmup(optimizer, dcfg.warmup_steps, dcfg.max_steps)
+    if dcfg.lr_schedule == "cosine":
+        scheduler = get_cosine_schedule_with_warmup(optimizer, dcfg.warmup_steps, dcfg.max_steps)
+    else:
+        scheduler = get_constant_schedule_with_warmup(optimizer, dcfg.warmup_steps)
     model, optimizer = acc.prepare(CompletionLogits(draft, num_ids), optimizer)
     meta = {
         "init": init,
@@ -410,6 +417,7 @@ def run_loop(tr: Trainer, run) -> None:
         cpu = time.process_time()
         metrics = train_step(tr, tr.step)
         tr.cpu_seconds += time.process_time() - cpu
+        tr.tokens_seen += int(metrics["tokens"])
         tr.step += 1
         tr.history.append(metrics["loss"])
         window.append(metrics)

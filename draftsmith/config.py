@@ -183,6 +183,9 @@ class DistillConfig:
     lr: float = field(default=5e-4, metadata=_range(gt=0))
     weight_decay: float = field(default=0.0, metadata=_range(ge=0))
     warmup_steps: int = field(default=10, metadata=_range(ge=0))
+    # cosine: decay to 0 at max_steps (the best final checkpoint); constant: flat after warmup,
+    # so intermediate checkpoints of one run are comparable points of a data-scaling curve
+    lr_schedule: Literal["cosine", "constant"] = "cosine"
     max_steps: int = field(default=100, metadata=_range(ge=1))
     batch_size: int = field(default=8, metadata=_range(ge=1))
     grad_accum_steps: int = field(default=1, metadata=_range(ge=1))

@@ -308,3 +308,19 @@ def test_ce_baseline_twin_goes_to_ablations(tmp_path, target_dir, data_dir):
     a = load_file(out / "checkpoints/checkpoint-0/model.safetensors")
     b = load_file(out / "ablations/ce/checkpoint-0/model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_constant_schedule_and_cost_bookkeeping(tmp_path, target_dir, data_dir):
+    """lr_schedule=constant keeps the lr flat after warmup (so a run's checkpoints are comparable
+    points of a scaling curve); checkpoints count the tokens and CPU seconds spent so far."""
+    from draftsmith.data import load_train_dataset
+
+    out = _run_dir(tmp_path, data_dir)
+    cfg = make_cfg(out, target_dir, max_steps=4, save_every=2, batch_size=16, lr=2e-3)
+    cfg.distill.lr_schedule, cfg.distill.warmup_steps = "constant", 1
+    run_distill(cfg)
+    two, four = _meta(out / "checkpoints/checkpoint-2"), _meta(out / "checkpoints/checkpoint-4")
+    assert two["lr"] == four["lr"] == 2e-3
+    per_step = sum(map(len, load_train_dataset(out)["completion_ids"]))  # batch = whole set
+    assert (two["tokens_seen"], four["tokens_seen"]) == (2 * per_step, 4 * per_step)
+    assert 0 < two["cpu_time_s"] < four["cpu_time_s"]
