@@ -83,3 +83,14 @@ def teacher_forced_results(
             }
         )
     return out
+
+
+def greedy_refs(target, eos_ids, prompts: Sequence[dict], max_new_tokens: int) -> list[dict]:
+    """The target's own greedy output per prompt, by the engine's target-only decoding (batch
+    1, the same kernels and caches the speculative runs are checked against)."""
+    from draftsmith.evaluate.engine import SpeculativeDecoder
+
+    decoder = SpeculativeDecoder(target, eos_ids=eos_ids)
+    return [
+        {**p, "tokens": decoder.generate(p["prompt_ids"], max_new_tokens).tokens} for p in prompts
+    ]
