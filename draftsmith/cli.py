@@ -5,16 +5,22 @@
 
 User errors (bad config, missing model, empty data) print one line and exit
 non-zero (2 for config problems); `--debug` shows the traceback instead.
+
+A stage command validates the config, checks the device, takes the run directory's lock
+and runs every stage's cheap consistency checks (pipeline.preflight) before any stage
+writes; the resolved config.yaml is written by the first stage that writes results
+(draftsmith/rundir.py), so a command that fails its checks changes nothing on disk.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 import traceback
 
 from draftsmith import pipeline
-from draftsmith.config import load_config, save_resolved_config
+from draftsmith.config import load_config
 from draftsmith.errors import DraftsmithError
 
 STAGE_HELP = {
@@ -46,10 +52,21 @@ STAGE_HELP = {
 
 
 def cmd_stage(name: str, config: str, overrides: list[str]) -> int:
+    from draftsmith.models import pick_device
+    from draftsmith.rundir import open_run_dir
+
     cfg = load_config(config, overrides)
-    save_resolved_config(cfg)
-    pipeline.stage_function(name)(cfg)
+    pick_device(cfg.run.device)  # run.device=cuda without a GPU: before anything is written
+    stages = cfg.run.stages if name == "run" else [name]
+    with open_run_dir(cfg):
+        pipeline.preflight(cfg, stages)
+        pipeline.stage_function(name)(cfg)
     return 0
+
+
+# A disk that is full or a directory made read-only under a running stage: the OS's own
+# words and the file are the whole story, a traceback adds nothing.
+_WRITE_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
 
 
 def cmd_models_pull(name: str, force: bool) -> int:
@@ -129,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"draftsmith: error: {e}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:
+        if e.errno not in _WRITE_ERRORS or not e.filename or args.debug:
+            raise
+        print(f"draftsmith: error: {e.filename}: {e.strerror}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("draftsmith: interrupted", file=sys.stderr)
         return 130
