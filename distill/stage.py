@@ -7,6 +7,7 @@ from pathlib import Path
 from draftsmith.config import Config
 from draftsmith.distill.checkpoint import (
     check_training_settings,
+    find_resume,
     list_checkpoints,
     training_settings,
     verify_checkpoint,
@@ -26,6 +27,8 @@ def check_distill_settings(cfg: Config) -> None:
     """Before any work: the checkpoints on disk were trained with this config's settings,
     and a finished draft's final checkpoint is readable (it will not be trained again)."""
     for directory, loss in _drafts(cfg):
+        if cfg.distill.resume == "never":
+            find_resume(directory, "never")  # checkpoints on disk are an error of their own
         check_training_settings(directory, training_settings(cfg, loss))
         done = dict(list_checkpoints(directory)).get(cfg.distill.max_steps)
         if done is not None:
