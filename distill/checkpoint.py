@@ -38,6 +38,7 @@ import torch
 
 from draftsmith.config import Config
 from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.integrity import check_weight_files, checkpoint_hint
 from draftsmith.io import (  # noqa: F401 (KILL_ENV, kill_hook: re-exported)
     KILL_ENV,
     atomic_dir,
@@ -81,12 +82,8 @@ def save_checkpoint(
 
 
 def redo_hint(path: Path) -> str:
-    """What to do about a broken checkpoint: delete it (distill trains again from the newest
-    complete one, so a deleted newest checkpoint is made again)."""
-    return (
-        f"delete {path} and rerun `draftsmith distill CONFIG` (it resumes from the newest "
-        "complete checkpoint)"
-    )
+    """What to do about a broken checkpoint (integrity.checkpoint_hint: one wording)."""
+    return checkpoint_hint(path)
 
 
 def load_train_state(path: Path) -> dict:
@@ -114,8 +111,6 @@ def read_meta(path: Path) -> dict:
 def verify_checkpoint(path: Path) -> None:
     """A checkpoint to resume from, checked before any work: its record and its weight files
     (complete, not truncated). Its train state is checked when it is loaded."""
-    from draftsmith.integrity import check_weight_files
-
     read_meta(path)
     check_weight_files(path)
 

@@ -68,17 +68,24 @@ def safetensors_header(path: Path) -> dict:
     return tensors
 
 
+def checkpoint_hint(path: Path) -> str:
+    """What to do about a broken distill checkpoint: delete it; distill trains again from the
+    newest complete one, so a deleted newest checkpoint is made again."""
+    return (
+        f"delete {path} and rerun `draftsmith distill CONFIG` (it resumes from the newest "
+        "complete checkpoint)"
+    )
+
+
 def fix_for(model_dir: Path) -> str:
     """What to do about a broken weight file, by where the model dir is."""
-    from draftsmith.distill.checkpoint import redo_hint
-    from draftsmith.models import REGISTRY, registry_path
+    from draftsmith.packages import draftsmith_home
 
     model_dir = Path(model_dir)
     if model_dir.name.startswith("checkpoint-"):
-        return redo_hint(model_dir)
-    for name in REGISTRY:
-        if model_dir.resolve() == registry_path(name).resolve():
-            return f"rebuild it with `draftsmith models pull {name} --force`"
+        return checkpoint_hint(model_dir)
+    if model_dir.resolve().parent == (draftsmith_home() / "models").resolve():  # the registry
+        return f"rebuild it with `draftsmith models pull {model_dir.name} --force`"
     return "replace the model dir with a complete copy"
 
 

@@ -27,10 +27,9 @@ from safetensors.torch import load_file, save_file
 from draftsmith.cli import main
 from draftsmith.config import Config, load_config
 from draftsmith.errors import ConfigError, DraftsmithError
-from draftsmith.export import check_export_target
-from draftsmith.integrity import check_model_shapes, safetensors_header
 from draftsmith.io import atomic_write_text, clean_stale_temps
-from draftsmith.lock import LOCK_FILE, run_lock
+
+LOCK_FILE = "draftsmith.lock"
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs" / "tiny.yaml")
@@ -103,6 +102,8 @@ def board_of(run: Path) -> dict:
     ],
 )
 def test_export_never_targets_the_run_its_parents_or_a_stage_dir(tmp_path, where, says):
+    from draftsmith.export import check_export_target
+
     run = tmp_path / "runs" / "r"
     target = {"run": run, "parent": tmp_path / "runs"}.get(where, run / where)
     cfg = load_config(
@@ -356,6 +357,8 @@ def _tiny_model(tmp_path: Path) -> Path:
 
 
 def test_weight_checks_find_truncation_missing_and_misshapen_tensors(tmp_path):
+    from draftsmith.integrity import check_model_shapes, safetensors_header
+
     path = _tiny_model(tmp_path)
     weights = path / "model.safetensors"
     check_model_shapes(path, fix="fix it")  # whole: passes (the tied head is stored once)
@@ -459,6 +462,8 @@ def test_an_output_dir_that_cannot_be_made_or_written(tmp_path, where):
 
 
 def test_a_second_command_on_a_locked_run_names_the_holder(tmp_path):
+    from draftsmith.lock import run_lock
+
     out = tmp_path / "run"
     out.mkdir()
     with run_lock(out):
@@ -473,6 +478,8 @@ def test_a_second_command_on_a_locked_run_names_the_holder(tmp_path):
 
 
 def test_the_lock_dies_with_its_process(tmp_path):
+    from draftsmith.lock import run_lock
+
     out = tmp_path / "run"
     out.mkdir()
     holder = subprocess.Popen(
