@@ -280,7 +280,8 @@ def fixed_k_assistant(k: int) -> dict:
 
 def assistant_generation_config(path: Path, k: int) -> None:
     """The exported draft drafts k tokens per round as `assistant_model=`, as measured."""
-    gc = json.loads(path.read_text()) if path.is_file() else {}
+    fix = "it was copied from the draft's own model dir; repair or delete the file there"
+    gc = checked_read_json(path, fix) if path.is_file() else {}
     atomic_write_json(path, {**gc, **fixed_k_assistant(k)})
 
 

@@ -2,9 +2,9 @@
 
 - Paths a stage records (leaderboard rows, the export's source) are relative to the run
   directory, so `cp -a` or `mv` of a run keeps every record pointing at its own files.
-- `open_run_dir` creates the directory, takes its lock (draftsmith/lock.py) and, when the
-  command fails before writing anything, removes what it created: a failed command leaves
-  no empty run directory behind.
+- `open_run_dir` creates the directory, takes its lock (draftsmith/lock.py), removes the
+  temp files of killed commands and, when the command fails before writing anything,
+  removes what it created: a failed command leaves no empty run directory behind.
 - `record_config` writes the resolved config.yaml once a stage has passed its own checks
   and is about to write its results, never before: a command that fails its checks
   leaves the previous config.yaml as it was.
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from draftsmith.config import Config, dump_config, save_resolved_config
 from draftsmith.errors import DraftsmithError
+from draftsmith.io import clean_stale_temps
 from draftsmith.lock import LOCK_FILE, is_main_rank, run_lock
 
 # What stages write under <output_dir>/: nothing may be exported into (or over) them.
@@ -135,6 +136,8 @@ def open_run_dir(cfg: Config) -> Iterator[Path]:
         yield out
         return
     with run_lock(out):
+        for d in (out, out / "data"):  # config.yaml, meta.json, dataset/: their stages' temps
+            clean_stale_temps(d)  # (checkpoints/, eval/ and shards/ are cleaned by theirs)
         try:
             yield out
         except BaseException:

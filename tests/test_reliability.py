@@ -523,11 +523,20 @@ def test_stale_temps_of_dead_processes_go_live_ones_stay(tmp_path):
     assert (tmp_path / "a.txt").read_text() == "x"
 
 
-def test_export_removes_a_killed_exports_temp_dir(run_copy, tmp_path):
-    leftover = tmp_path / f"exp.tmp-{dead_pid()}"
-    leftover.mkdir()
-    (leftover / "model.safetensors").write_bytes(b"half")
+def test_leftovers_of_killed_commands_are_removed_by_the_next(run_copy, tmp_path):
+    """kill -9 during export left exp.tmp-<pid>/ (and during generate's finish a dataset
+    temp, during a config write a config.yaml temp): the next command removes them."""
+    dead = dead_pid()
+    leftovers = [
+        tmp_path / f"exp.tmp-{dead}",
+        run_copy / "data" / f"dataset.tmp-{dead}",
+        run_copy / f"config.yaml.tmp-{dead}-k2j4",
+    ]
+    for d in leftovers:
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"half")
     assert on(run_copy, "export", f"export.output_dir={tmp_path / 'exp'}")[0] == 0
+    assert [d for d in leftovers if d.exists()] == []
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("exp")) == ["exp"]
 
 
