@@ -18,6 +18,7 @@ import argparse
 import errno
 import sys
 import traceback
+from pathlib import Path
 
 from draftsmith import pipeline
 from draftsmith.config import load_config
@@ -51,11 +52,30 @@ STAGE_HELP = {
 }
 
 
+def note_moved_run_config(config: str, cfg, overrides: list[str]) -> None:
+    """A run's own config.yaml, moved or copied with the run, still names the old run dir."""
+    from draftsmith.lock import LOCK_FILE
+
+    path = Path(config).resolve()
+    if path.name != "config.yaml" or not (path.parent / LOCK_FILE).is_file():
+        return  # not the config.yaml inside a run directory
+    if any(o.startswith("run.output_dir=") for o in overrides):
+        return
+    if cfg.output_dir.resolve() != path.parent:
+        print(
+            f"draftsmith: note: {config} names run.output_dir {cfg.output_dir}, not the run "
+            f"directory it is in; working on {cfg.output_dir} (add run.output_dir={path.parent} "
+            "to work on this one)",
+            file=sys.stderr,
+        )
+
+
 def cmd_stage(name: str, config: str, overrides: list[str]) -> int:
     from draftsmith.models import pick_device
     from draftsmith.rundir import open_run_dir
 
     cfg = load_config(config, overrides)
+    note_moved_run_config(config, cfg, overrides)
     pick_device(cfg.run.device)  # run.device=cuda without a GPU: before anything is written
     stages = cfg.run.stages if name == "run" else [name]
     with open_run_dir(cfg):

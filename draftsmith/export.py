@@ -22,7 +22,7 @@ from pathlib import Path
 
 from draftsmith.config import Config
 from draftsmith.errors import ConfigError, DraftsmithError
-from draftsmith.evaluate.report import format_comparison
+from draftsmith.evaluate.report import TRAINED_ROLES, format_comparison
 from draftsmith.io import (
     TMP_MARK,
     atomic_dir,
@@ -38,8 +38,6 @@ from draftsmith.vocab import match_vocab_rows, token_id_count
 # Written into every export: what it holds and where it was made. Only a directory holding
 # one is ever replaced (export.overwrite), and a moved export is told from one in place.
 EXPORT_MARKER = "draftsmith_export.json"
-# Rows whose draft this run trained: their checkpoint records how.
-TRAINED_ROLES = ("init", "distilled", "ce_twin")
 
 # What a serving stack needs from a checkpoint dir; train state stays behind.
 MODEL_FILES = (

@@ -115,6 +115,7 @@ def check_drafts(cfg: Config, drafts: list[dict]) -> None:
     """
     from draftsmith.distill.checkpoint import read_meta
     from draftsmith.evaluate.ranking import draft_path
+    from draftsmith.evaluate.report import TRAINED_ROLES
     from draftsmith.integrity import check_weight_files
     from draftsmith.models import check_tokenizers_compatible, load_target_tokenizer, load_tokenizer
 
@@ -123,7 +124,7 @@ def check_drafts(cfg: Config, drafts: list[dict]) -> None:
     for d in drafts:
         label = draft_label(d)
         path = Path(draft_path(d))
-        if d.get("role") != "baseline":
+        if d.get("role") in TRAINED_ROLES:
             read_meta(path)
         if path.is_dir():
             check_weight_files(path)

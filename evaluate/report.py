@@ -27,6 +27,8 @@ METRIC_COLUMNS = (
     ("tokens_per_s", "tok/s", "{:.1f}"),
 )
 METRIC_KEYS = tuple(key for key, _, _ in METRIC_COLUMNS)
+# Drafts this run trained (evaluate/prompts.py list_drafts): their checkpoints record how.
+TRAINED_ROLES = ("init", "distilled", "ce_twin")
 TABLE_COLUMNS = (("checkpoint", "checkpoint", "{}"), ("step", "step", "{}"), *METRIC_COLUMNS)
 CSV_FIELDS = (
     "checkpoint",
@@ -236,7 +238,7 @@ def portable_board(cfg: Config, board: dict) -> dict:
     rows = []
     for row in board["rows"]:
         row = {**row, "path": run_relative(row["path"], cfg.output_dir)}
-        if row.get("role") in ("init", "distilled", "ce_twin"):
+        if row.get("role") in TRAINED_ROLES:
             meta = read_meta(from_run(row["path"], cfg.output_dir))
             row["trained_with"] = {"init": meta.get("init"), **meta.get("settings", {})}
         rows.append(row)

@@ -87,3 +87,27 @@ def test_resolved_config_is_written_by_a_stage_that_passed_its_checks(
     fresh = tmp_path / "new" / "run"
     assert cli.main(["distill", str(tiny_config_path), f"run.output_dir={fresh}"]) == 1
     assert not (tmp_path / "new").exists()
+
+
+def test_a_moved_runs_config_says_which_run_dir_it_works_on(tmp_path, monkeypatch, capsys):
+    """`mv run moved` then `draftsmith run moved/config.yaml`: the file still names the old
+    directory; the command says so instead of silently working there."""
+    import draftsmith.cli as cli
+    from draftsmith import pipeline
+    from draftsmith.config import dump_config, load_config
+
+    old, moved = tmp_path / "run", tmp_path / "moved"
+    moved.mkdir()
+    (moved / "draftsmith.lock").write_text("")
+    (moved / "config.yaml").write_text(
+        dump_config(load_config("configs/tiny.yaml", [f"run.output_dir={old}"]))
+    )
+    monkeypatch.setattr(pipeline, "stage_function", lambda name: lambda cfg: None)
+    monkeypatch.setattr(pipeline, "preflight", lambda cfg, stages: None)
+    assert cli.main(["evaluate", str(moved / "config.yaml")]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"draftsmith: note: {moved / 'config.yaml'} names run.output_dir {old}, not the run "
+        f"directory it is in; working on {old} (add run.output_dir={moved} to work on this one)"
+    ]
+    assert cli.main(["evaluate", str(moved / "config.yaml"), f"run.output_dir={moved}"]) == 0
+    assert capsys.readouterr().err == ""
