@@ -23,6 +23,7 @@ import gzip
 import io
 import json
 import re
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
@@ -80,10 +81,22 @@ class Prompt:
 
 
 def _read_text(path: Path) -> str:
+    """A prompt file's text (gunzipped for .gz); not gzip or not UTF-8: one line naming it."""
     raw = path.read_bytes()
     if path.suffix == ".gz":
-        raw = gzip.decompress(raw)
-    return raw.decode("utf-8")
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
+            raise DraftsmithError(
+                f"{path}: not a complete gzip file ({e}); gzip it again, or drop the .gz suffix "
+                "if it is plain text"
+            ) from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DraftsmithError(
+            f"{path}: not UTF-8 text (byte {e.start}); convert it to UTF-8 (e.g. iconv -t UTF-8)"
+        ) from None
 
 
 def _read_jsonl(path: Path) -> list[dict]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from draftsmith.config import Config, PromptSource
-from draftsmith.data import shards
+from draftsmith.data import load_data_meta, shards
 from draftsmith.data.neardup import EvalIndex
 from draftsmith.data.sources import Prompt, dedupe, encode, load_source, render, source_label
 from draftsmith.data.split import balanced_take, split_prompts
@@ -42,6 +42,7 @@ from draftsmith.models import (
     pick_device,
     resolve_model,
 )
+from draftsmith.rundir import differing_keys, record_config
 
 TOPK_DTYPE = "float32"
 
@@ -444,11 +445,12 @@ def finished_meta(cfg: Config, data_dir: Path) -> dict | None:
     meta_file = data_dir / "meta.json"
     if not (meta_file.is_file() and (data_dir / "dataset").is_dir()):
         return None
-    meta = json.loads(meta_file.read_text())
+    meta = load_data_meta(cfg.output_dir)
     if meta.get("settings") != settings(cfg):
+        keys = differing_keys(meta.get("settings") or {}, settings(cfg))
         raise DraftsmithError(
-            f"{data_dir}: holds data generated with other target/data settings; delete it or use a "
-            "new run.output_dir"
+            f"{data_dir}: holds data generated with other target/data settings "
+            f"({', '.join(keys)} differ); delete it or use a new run.output_dir"
         )
     return meta
 
@@ -474,6 +476,7 @@ def run_generate(cfg: Config) -> None:
     shards.prepare(
         data_dir, {"settings": settings(cfg), "shards": [[p.id for p in s] for s in plan]}
     )
+    record_config(cfg)  # every check passed and the plan is written: the config is this run's
     print(
         f"generate: {len(prep.train)} train prompts in {len(plan)} shards, {len(prep.eval)} eval "
         f"prompts held out ({prep.duplicates} duplicates dropped, {prep.near_duplicates} "

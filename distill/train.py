@@ -47,6 +47,7 @@ from draftsmith.distill.checkpoint import (
     prune_checkpoints,
     read_meta,
     save_checkpoint,
+    training_settings,
 )
 from draftsmith.distill.init import build_draft, flops_per_token
 from draftsmith.distill.losses import distill_loss
@@ -68,6 +69,7 @@ from draftsmith.models import (
     pick_batch_dtype,
     pick_device,
 )
+from draftsmith.rundir import record_config
 from draftsmith.tracking import wandb_run
 from draftsmith.vocab import token_id_count
 
@@ -360,6 +362,7 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
         "max_steps": dcfg.max_steps,
         "target": cfg.target.model,
         **info,
+        "settings": training_settings(cfg, loss_name),  # what the card and leaderboard read
     }
     say(
         f"distill: {len(data)} sequences ({data.dropped} dropped: no completion token within "
@@ -451,6 +454,7 @@ def train_draft(cfg: Config, checkpoints_dir: Path, loss_override: str | None = 
     if resume is not None:
         _check_same_loss(resume, loss_name)
     tr = setup(cfg, checkpoints_dir, loss_name, resume)
+    record_config(cfg)  # every check passed; the first checkpoint is about to be written
     if resume is not None:
         restore_train_state(tr, load_train_state(resume))
         tr.accelerator.print(f"distill: resuming from {resume} (step {tr.step})")

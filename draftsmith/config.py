@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -322,6 +323,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):  # YAML reads .inf and .nan as floats
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -368,6 +371,11 @@ def _suggest(name: str, fields: dict, prefix: str) -> str:
 
 def _check_cross_fields(cfg: Config) -> None:
     """Constraints between fields, each named by the key a user would change."""
+    if not cfg.run.stages:
+        raise ConfigError(
+            "run.stages: empty, so `draftsmith run` would do nothing; list the stages to run "
+            "(generate, distill, evaluate, export)"
+        )
     if cfg.draft.init == "pretrained" and not cfg.draft.model:
         raise ConfigError("draft.model: required when draft.init is 'pretrained'")
     if cfg.distill.teacher == "offline" and cfg.data.topk_logprobs == 0:
@@ -453,7 +461,12 @@ def _read_yaml(path: Path) -> dict:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{path}:{where}: malformed YAML: {problem}") from None
     if raw is None:
-        return {}
+        # An empty file is far likelier a mistake (a wrong path, a failed redirect) than a
+        # request for the default run, which is the full SmolLM2 pipeline (~30 minutes here).
+        raise ConfigError(
+            f"{path}: the config is empty; write the settings to change (e.g. `run: "
+            "{output_dir: runs/mine}`), or `{}` to run every default"
+        )
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return raw

@@ -3,21 +3,41 @@
 Reads `<output_dir>/eval/leaderboard.json` (written by evaluate) and writes
 `<output_dir>/export/` (or `export.output_dir`) atomically: the directory
 appears complete or not at all.
+
+What export may replace: never the run directory, a directory above it, or anything
+inside a stage's directory (data/, checkpoints/, eval/, ...); with export.overwrite only
+a previous export, recognised by the `draftsmith_export.json` it wrote there. The draft
+is taken from the leaderboard row's path relative to the run directory (a copied run
+exports its own weights), its weight files are checked whole and in the shapes its
+config.json builds, and the card states the training the checkpoint itself records.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import shutil
 from pathlib import Path
 
 from draftsmith.config import Config
-from draftsmith.errors import DraftsmithError
-from draftsmith.evaluate.report import format_comparison
-from draftsmith.io import atomic_dir, atomic_write_json
+from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.evaluate.report import TRAINED_ROLES, format_comparison
+from draftsmith.io import (
+    TMP_MARK,
+    atomic_dir,
+    atomic_write_json,
+    checked_read_json,
+    clean_stale_temps,
+    corrupt_file,
+)
 from draftsmith.models import load_tokenizer, resolve_model
+from draftsmith.rundir import STAGE_DIRS, from_run, is_inside, make_dir, record_config, run_relative
 from draftsmith.vocab import match_vocab_rows, token_id_count
+
+# Written into every export: what it holds and where it was made. Only a directory holding
+# one is ever replaced (export.overwrite), and a moved export is told from one in place.
+EXPORT_MARKER = "draftsmith_export.json"
 
 # What a serving stack needs from a checkpoint dir; train state stays behind.
 MODEL_FILES = (
@@ -43,10 +63,71 @@ def read_leaderboard(cfg: Config) -> dict:
     path = cfg.output_dir / "eval" / "leaderboard.json"
     if not path.is_file():
         raise DraftsmithError(f"{path}: no leaderboard yet; run `draftsmith evaluate CONFIG` first")
-    board = json.loads(path.read_text())
+    fix = "delete it and rerun `draftsmith evaluate CONFIG` (finished results are cached)"
+    board = checked_read_json(path, fix)
+    if not isinstance(board, dict) or "best" not in board:
+        raise corrupt_file(path, "not a draftsmith leaderboard", fix)
     if not board.get("rows"):
         raise DraftsmithError(f"{path}: the leaderboard has no rows")
     return board
+
+
+# ----------------------------------------------------------------------------- where to export
+
+
+def read_export_marker(out: Path) -> dict | None:
+    """The marker of a previous export in `out`, or None when `out` holds none."""
+    path = Path(out) / EXPORT_MARKER
+    if not path.is_file():
+        return None
+    fix = f"delete {out} and rerun `draftsmith export CONFIG`"
+    marker = checked_read_json(path, fix)
+    if not isinstance(marker, dict) or "checkpoint" not in marker:
+        raise corrupt_file(path, "not an export record", fix)
+    return marker
+
+
+def check_export_target(cfg: Config) -> Path:
+    """The export dir, once it is known not to hold anything but a previous export.
+
+    Refused: the run directory, any directory above it, anything inside a stage's
+    directory; with export.overwrite, an existing non-empty directory that is not an export.
+    """
+    out, run = export_dir(cfg), cfg.output_dir
+    key = "export.output_dir"
+    if is_inside(run, out):
+        raise ConfigError(
+            f"{key}: {out} is the run directory or holds it; an export there would replace "
+            f"the run's data, checkpoints and results. Choose a directory outside them (the "
+            f"default is {run / 'export'})"
+        )
+    for name in STAGE_DIRS:
+        if is_inside(out, run / name):
+            raise ConfigError(
+                f"{key}: {out} lies inside the run's {name}/, which draftsmith writes; choose a "
+                f"directory outside it (the default is {run / 'export'})"
+            )
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{key}: {out} exists and is not a directory")
+    foreign = out.is_dir() and any(out.iterdir()) and read_export_marker(out) is None
+    if cfg.export.overwrite and foreign:
+        raise DraftsmithError(
+            f"{out}: not a draftsmith export (no {EXPORT_MARKER}); export.overwrite replaces "
+            "only a previous export. Choose another export.output_dir, or delete it yourself"
+        )
+    return out
+
+
+def source_dir(cfg: Config, row: dict) -> Path:
+    """The chosen row's model dir: relative to this run dir, so a copy exports its own weights."""
+    src = from_run(row["path"], cfg.output_dir)
+    if not (src / "config.json").is_file():
+        who = "export.checkpoint" if cfg.export.checkpoint else "the leaderboard's best draft"
+        raise DraftsmithError(
+            f"{src}: {who} {row['checkpoint']!r} is not there (deleted since evaluate?); rerun "
+            "`draftsmith evaluate CONFIG` to rank what is on disk"
+        )
+    return src
 
 
 def choose_row(board: dict, checkpoint: str | None) -> dict:
@@ -63,7 +144,7 @@ def choose_row(board: dict, checkpoint: str | None) -> dict:
 
 def copy_model_files(src: Path, dest: Path) -> list[str]:
     if not (src / "config.json").is_file():
-        raise DraftsmithError(f"export.checkpoint: {src} is not a model directory (no config.json)")
+        raise DraftsmithError(f"{src}: not a model directory (no config.json)")
     copied = []
     for name in MODEL_FILES:
         if (src / name).is_file():
@@ -117,11 +198,16 @@ def _fmt(x, digits: int = 3) -> str:
 
 
 def _data_summary(cfg: Config) -> str:
+    from draftsmith.data import load_data_meta
+
     meta_path = cfg.output_dir / "data" / "meta.json"
     if not meta_path.is_file():
         return "- (no data/meta.json found)"
-    meta = json.loads(meta_path.read_text())
-    sources = ", ".join(s.builtin or s.path or s.hub or "?" for s in cfg.data.sources)
+    meta = load_data_meta(cfg.output_dir)
+    # the sources generate recorded (what the data was made from), else the config's
+    recorded = meta.get("settings", {}).get("data", {}).get("sources")
+    srcs = recorded or [dataclasses.asdict(s) for s in cfg.data.sources]
+    sources = ", ".join(s.get("builtin") or s.get("path") or s.get("hub") or "?" for s in srcs)
     keys = (
         "num_prompts",
         "num_completions",
@@ -139,21 +225,33 @@ def _data_summary(cfg: Config) -> str:
     return out
 
 
-def _training(cfg: Config, row: dict) -> str:
-    """How the exported draft was trained: its own loss, not just the run's configured one."""
-    d = cfg.distill
+def _training(meta: dict | None, row: dict) -> str:
+    """How the exported draft was trained, from its checkpoint's own record (never the config,
+    which may have changed since)."""
     role, steps = row.get("role"), row.get("trained_steps", row.get("step"))
-    batch = f"batch {d.batch_size} x {d.grad_accum_steps} accumulation, lr {d.lr}"
     if role == "init":
         return "none: the untrained initialisation ranked best"
     if role == "baseline":
         return "an external draft (evaluate.baselines), not trained by this run"
+    d = (meta or {}).get("settings", {}).get("distill")
+    if d is None:  # a checkpoint written before checkpoints recorded their settings
+        return f"{(meta or {}).get('loss_name', 'unknown loss')}, {steps} steps (settings not recorded)"
+    batch = f"batch {d['batch_size']} x {d['grad_accum_steps']} accumulation, lr {d['lr']}"
     if role == "ce_twin":
         return (
             f"ce (plain cross-entropy on the target's outputs: the run's distill.ce_baseline "
-            f"twin, which ranked above the {d.loss} draft), {steps} steps, {batch}"
+            f"twin, which ranked above the distilled draft), {steps} steps, {batch}"
         )
-    return f"{d.loss} (teacher: {d.teacher}, temperature {d.temperature}), {steps} steps, {batch}"
+    return (
+        f"{d['loss']} (teacher: {d['teacher']}, temperature {d['temperature']}), {steps} steps, "
+        f"{batch}"
+    )
+
+
+def _init(meta: dict | None, row: dict) -> str:
+    if row.get("role") == "baseline":
+        return "external (evaluate.baselines)"
+    return (meta or {}).get("init") or "not recorded"
 
 
 def _comparisons(board: dict) -> str:
@@ -180,19 +278,16 @@ def fixed_k_assistant(k: int) -> dict:
 
 def assistant_generation_config(path: Path, k: int) -> None:
     """The exported draft drafts k tokens per round as `assistant_model=`, as measured."""
-    gc = json.loads(path.read_text()) if path.is_file() else {}
+    fix = "it was copied from the draft's own model dir; repair or delete the file there"
+    gc = checked_read_json(path, fix) if path.is_file() else {}
     atomic_write_json(path, {**gc, **fixed_k_assistant(k)})
 
 
-def model_card(cfg: Config, board: dict, row: dict, k: int, out: Path) -> str:
+def model_card(cfg: Config, board: dict, row: dict, k: int, out: Path, meta: dict | None) -> str:
+    """The README of an export; `meta` is the checkpoint's own record (None for a baseline)."""
     spec = json.dumps(speculative_config(out, k))
     target = board.get("target", cfg.target.model)
     target_path = resolve_model(cfg.target.model)  # a dir or hub id that vLLM can load
-    init = cfg.draft.init + (
-        f" ({cfg.draft.num_layers} layers, {cfg.draft.layer_selection})"
-        if cfg.draft.init == "from_target"
-        else ""
-    )
     cats = "\n".join(
         f"| {c} | {_fmt(v.get('acceptance_rate'))} | {_fmt(v.get('mean_accepted_length'), 2)} | "
         f"{v.get('num_prompts', '')} |"
@@ -213,8 +308,8 @@ changes speed.
 
 ## Draft
 - checkpoint: `{row["checkpoint"]}` (step {row.get("trained_steps", row.get("step"))}), chosen by `{board.get("select_metric")}`
-- initialisation: {init}
-- training: {_training(cfg, row)}
+- initialisation: {_init(meta, row)}
+- training: {_training(meta, row)}
 
 ## Data
 {_data_summary(cfg)}
@@ -278,24 +373,67 @@ def _log_artifact(cfg: Config, out: Path, row: dict) -> None:
         run.log_artifact(art)
 
 
+def _refuse_existing(out: Path) -> None:
+    """An existing export dir without export.overwrite: say what it holds and how to redo it."""
+    marker = read_export_marker(out)
+    moved = marker is not None and marker.get("location") != str(out.resolve())
+    made = f" (made at {marker['location']}; moved or copied since)" if moved else ""
+    raise DraftsmithError(
+        f"{out}: export dir exists{made}; set export.overwrite=true to replace it"
+    )
+
+
+def verify_export(cfg: Config, model_dir: Path, src: Path) -> None:
+    """The exported weights load as the model config.json describes, or nothing is shipped."""
+    from draftsmith.integrity import check_model_shapes
+
+    check_model_shapes(
+        model_dir,
+        fix=f"nothing was exported; {src} is damaged: choose another export.checkpoint or "
+        "retrain it",
+        trust_remote_code=cfg.target.trust_remote_code,
+    )
+
+
 def run_export(cfg: Config) -> Path:
-    out = export_dir(cfg)
+    from draftsmith.distill.checkpoint import read_meta
+    from draftsmith.integrity import check_weight_files
+
+    out = check_export_target(cfg)
     if out.exists() and not cfg.export.overwrite:
-        raise DraftsmithError(f"{out}: export dir exists; set export.overwrite=true to replace it")
+        _refuse_existing(out)
     board = read_leaderboard(cfg)
     row = choose_row(board, cfg.export.checkpoint)
+    src = source_dir(cfg, row)
+    meta = read_meta(src) if row.get("role") in TRAINED_ROLES else None
+    check_weight_files(src)  # a truncated source: named before anything is copied
     k = int(
         board.get("recommended_k")
         or row.get("num_speculative_tokens")
         or cfg.evaluate.num_speculative_tokens
     )
+    make_dir(out.parent, "export.output_dir")
+    record_config(cfg)
+    clean_stale_temps(out.parent, prefix=out.name + TMP_MARK)  # a killed export's temp dir
     with atomic_dir(out, overwrite=cfg.export.overwrite) as tmp:
-        copy_model_files(Path(row["path"]), tmp)
+        copy_model_files(src, tmp)
         match_target_vocab(cfg, tmp)
+        verify_export(cfg, tmp, src)
         assistant_generation_config(tmp / "generation_config.json", k)
         atomic_write_json(tmp / "speculative_config.json", speculative_config(out, k))
         atomic_write_json(tmp / "leaderboard_row.json", row)
-        (tmp / "README.md").write_text(model_card(cfg, board, row, k, out))
+        (tmp / "README.md").write_text(model_card(cfg, board, row, k, out, meta))
+        atomic_write_json(
+            tmp / EXPORT_MARKER,
+            {
+                "checkpoint": row["checkpoint"],
+                "source": run_relative(src, cfg.output_dir),
+                "run_dir": str(cfg.output_dir.resolve()),
+                "location": str(out.resolve()),
+                "num_speculative_tokens": k,
+                "export": dataclasses.asdict(cfg.export),
+            },
+        )
     _log_artifact(cfg, out, row)
     print(f"exported {row['checkpoint']} to {out} (recommended k={k})")
     return out

@@ -255,7 +255,11 @@ def load_model(
 ):
     from transformers import AutoModelForCausalLM
 
+    from draftsmith.integrity import check_weight_files
+
     path = resolve_model(ref, key)
+    if Path(path).is_dir():
+        check_weight_files(Path(path))  # a truncated file: one line naming it, before loading
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path,
@@ -264,7 +268,7 @@ def load_model(
             revision=revision,
             use_safetensors=True,
         )
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: a config.json that is not JSON
         raise DraftsmithError(f"{key}: cannot load {ref}: {str(e).splitlines()[0]}") from None
     return model.to(device).eval()
 

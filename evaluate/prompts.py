@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from draftsmith.config import Config
 from draftsmith.data import load_eval_prompts
 from draftsmith.distill import list_checkpoints
 from draftsmith.errors import DraftsmithError
@@ -96,3 +97,36 @@ def list_drafts(output_dir: Path, baselines: list[str], ce_baseline: bool = Fals
             "run `draftsmith distill CONFIG` first"
         )
     return drafts
+
+
+def draft_label(draft: dict) -> str:
+    """How errors name a draft: a baseline by its config key, a checkpoint by its name."""
+    if draft.get("role") == "baseline":
+        return f"{draft['key']} ({draft['ref']})"
+    return draft["name"]
+
+
+def check_drafts(cfg: Config, drafts: list[dict]) -> None:
+    """Before any decoding: every draft's files are whole and its tokenizer is the target's.
+
+    A checkpoint needs its training record (draftsmith_checkpoint.json) and complete weight
+    files; every draft needs the target's token -> id map. A baseline with another
+    tokenizer is named by its key (evaluate.baselines[i]) before any other draft runs.
+    """
+    from draftsmith.distill.checkpoint import read_meta
+    from draftsmith.evaluate.ranking import draft_path
+    from draftsmith.evaluate.report import TRAINED_ROLES
+    from draftsmith.integrity import check_weight_files
+    from draftsmith.models import check_tokenizers_compatible, load_target_tokenizer, load_tokenizer
+
+    target_tok = load_target_tokenizer(cfg.target)
+    trust = cfg.target.trust_remote_code
+    for d in drafts:
+        label = draft_label(d)
+        path = Path(draft_path(d))
+        if d.get("role") in TRAINED_ROLES:
+            read_meta(path)
+        if path.is_dir():
+            check_weight_files(path)
+        tok = load_tokenizer(d["ref"], trust_remote_code=trust, key=d.get("key", "checkpoint"))
+        check_tokenizers_compatible(target_tok, tok, cfg.target.model, label)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
+import os
 from pathlib import Path
 
 from draftsmith.config import Config
@@ -25,6 +27,8 @@ METRIC_COLUMNS = (
     ("tokens_per_s", "tok/s", "{:.1f}"),
 )
 METRIC_KEYS = tuple(key for key, _, _ in METRIC_COLUMNS)
+# Drafts this run trained (evaluate/prompts.py list_drafts): their checkpoints record how.
+TRAINED_ROLES = ("init", "distilled", "ce_twin")
 TABLE_COLUMNS = (("checkpoint", "checkpoint", "{}"), ("step", "step", "{}"), *METRIC_COLUMNS)
 CSV_FIELDS = (
     "checkpoint",
@@ -105,7 +109,7 @@ def format_comparison(c: dict) -> str:
 
 
 def _save(fig, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp-plot.png")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}.png")  # pid: clean_stale_temps
     fig.savefig(tmp, dpi=110, bbox_inches="tight")
     tmp.replace(path)
 
@@ -224,8 +228,32 @@ def log_wandb(cfg: Config, board: dict, images: list[Path]) -> None:
         run.summary.update({"best": board["best"], "recommended_k": board["recommended_k"]})
 
 
+def portable_board(cfg: Config, board: dict) -> dict:
+    """The board as recorded: draft paths relative to the run dir (a copied or moved run
+    keeps pointing at its own files), each row with what its draft was trained with (from
+    the checkpoint's own record, not the config), and the evaluate settings it ran with."""
+    from draftsmith.distill.checkpoint import read_meta
+    from draftsmith.rundir import from_run, run_relative
+
+    rows = []
+    for row in board["rows"]:
+        row = {**row, "path": run_relative(row["path"], cfg.output_dir)}
+        if row.get("role") in TRAINED_ROLES:
+            meta = read_meta(from_run(row["path"], cfg.output_dir))
+            row["trained_with"] = {"init": meta.get("init"), **meta.get("settings", {})}
+        rows.append(row)
+    best_path = run_relative(board["best_path"], cfg.output_dir)
+    return {
+        **board,
+        "best_path": best_path,
+        "rows": rows,
+        "evaluate": dataclasses.asdict(cfg.evaluate),
+    }
+
+
 def write_reports(cfg: Config, board: dict, eval_dir: Path) -> None:
     eval_dir = Path(eval_dir)
+    board = portable_board(cfg, board)
     atomic_write_json(eval_dir / "leaderboard.json", board)
     atomic_write_text(eval_dir / "leaderboard.csv", leaderboard_csv(board["rows"]))
     best = next(r for r in board["rows"] if r["checkpoint"] == board["best"])

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from draftsmith.config import Config
 from draftsmith.evaluate import metrics, report
 from draftsmith.evaluate.engine import SamplingConfig, SpeculativeDecoder
-from draftsmith.evaluate.prompts import list_drafts, load_prompts, select_prompts
+from draftsmith.evaluate.prompts import check_drafts, list_drafts, load_prompts, select_prompts
 from draftsmith.evaluate.ranking import (
     check_lossless,
     draft_path,
@@ -48,6 +48,7 @@ from draftsmith.models import (
     pick_dtype,
     resolve_model,
 )
+from draftsmith.rundir import record_config
 from draftsmith.vocab import token_id_count
 
 # ----------------------------------------------------------------------------- cache keys
@@ -306,6 +307,8 @@ def run_evaluate(cfg: Config) -> None:
     clean_stale_temps(results_dir)
     prompts = select_prompts(load_prompts(cfg.output_dir), ev.max_prompts)
     drafts = list_drafts(cfg.output_dir, ev.baselines, cfg.distill.ce_baseline)
+    check_drafts(cfg, drafts)  # files whole, tokenizers the target's: before any decoding
+    record_config(cfg)
     if ev.backend == "vllm":
         from draftsmith.evaluate.vllm_backend import vllm_rows
 

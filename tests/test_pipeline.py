@@ -125,7 +125,7 @@ def test_engine_counts_equal_a_teacher_forced_replay(tiny_run):
         spec = json.loads((results / f"{row['checkpoint']}-k{k}-t0.json").read_text())["results"]
         assert row["tokens_proposed"] == sum(r["proposed"] for r in spec)
         assert row["tokens_accepted"] == sum(r["accepted"] for r in spec)
-        draft = AutoModelForCausalLM.from_pretrained(row["path"]).eval()
+        draft = AutoModelForCausalLM.from_pretrained(tiny_run / row["path"]).eval()
         for r in spec:
             ref = base[r["id"]]["tokens"]
             assert r["tokens"] == ref  # greedy: the target's own output
