@@ -184,6 +184,11 @@ def _comparisons(board: dict) -> str:
     return "Against the run's other drafts, same prompts:\n" + "\n".join(lines) + "\n"
 
 
+def _spread(row: dict) -> str:
+    iqr = row.get("speedup_iqr")
+    return f" (per prompt: {iqr[0]:.2f}x-{iqr[1]:.2f}x, interquartile)" if iqr else ""
+
+
 def _by(row: dict) -> str:
     if row.get("measured_by") == "teacher_forced":
         return "teacher-forced replay (exact greedy counts)"
@@ -270,7 +275,7 @@ k = {row.get("num_speculative_tokens")}, temperature {row.get("temperature")}.
 | acceptance rate (accepted / proposed drafts) | {_fmt(row.get("acceptance_rate"))} |
 | alpha (accepted / verified drafts, per-token acceptance) | {_fmt(row.get("alpha"))} |
 | mean accepted length (tokens per target forward) | {_fmt(row.get("mean_accepted_length"), 2)} |
-| measured speedup over target-only decoding | {_fmt(row.get("speedup"), 2)}x |
+| measured speedup over target-only decoding | {_fmt(row.get("speedup"), 2)}x{_spread(row)} |
 | modelled speedup (verify forward = 1 target forward) | {_fmt(row.get("modelled_speedup"), 2)}x |
 | modelled speedup (measured verify cost) | {_fmt(row.get("modelled_speedup_verify"), 2)}x |
 | draft cost ratio c (draft forward / target forward) | {_fmt(row.get("draft_cost_ratio"))} |
