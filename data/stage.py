@@ -207,7 +207,7 @@ def prepare_prompts(cfg: Config, tokenizer, model_config) -> PreparedPrompts:
         cfg.data.max_eval_prompts,
         train_only=usable["train_only"],
     )
-    evals = eval_sets(usable["eval_only"], held_out, cfg)
+    evals = tag_eval_sets(usable["eval_only"], held_out, cfg)
     prompt_of = {p.key: p for role in ("train_only", "both") for p in getattr(pools, role)}
     # eval-only prompts were guarded in load_pools already
     train, near = drop_near_duplicates(train, held_out, prompt_of)
@@ -223,7 +223,7 @@ def prepare_prompts(cfg: Config, tokenizer, model_config) -> PreparedPrompts:
     return PreparedPrompts(train, evals, pools.duplicates, skipped, pools.near_duplicates + near)
 
 
-def eval_sets(eval_only: list[Encoded], held_out: list[Encoded], cfg: Config) -> list[Encoded]:
+def tag_eval_sets(eval_only: list[Encoded], held_out: list[Encoded], cfg: Config) -> list[Encoded]:
     """Every eval prompt tagged with its set: a role=eval source's prompts form a set named
     after the source, the held-out split `heldout`. data.max_eval_prompts caps each set on
     its own (the held-out split was capped by split_prompts, its surplus trained on; an

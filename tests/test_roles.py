@@ -206,3 +206,18 @@ def test_source_of_only_eval_duplicates_is_a_config_error_and_writes_nothing(
         "eval prompts, nothing is left to train on (give it role: eval, or remove it)"
     )
     assert e.value.exit_code == 2 and not (out / "data").exists()
+
+
+def test_an_eval_source_named_like_the_held_out_set_is_a_config_error(tmp_path, tiny_model_dir):
+    import datasets
+
+    saved = tmp_path / "heldout"
+    datasets.Dataset.from_list([{"prompt": t} for t in EVAL_ONLY]).save_to_disk(str(saved))
+    cfg = tiny_cfg(tmp_path / "run")
+    cfg.data.sources = [sources(tmp_path)[1], PromptSource(path=str(saved), role="eval")]
+    with pytest.raises(ConfigError) as e:
+        prepare(cfg)
+    assert str(e.value) == (
+        f"data.sources[1] ({saved}): an eval source named 'heldout' would merge with the "
+        "held-out split's eval set; rename the file"
+    )
