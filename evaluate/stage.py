@@ -527,6 +527,7 @@ def _turn2_sets(cfg: Config, sets: dict, models: _Models, results_dir: Path) -> 
             "target": _fingerprint(resolve_model(cfg.target.model, "target.model")),
             "revision": cfg.target.revision,
             "dtype": cfg.target.dtype,
+            "device": cfg.run.device,
             "prompts": _prompts_key(asked),
             "answer_tokens": cfg.evaluate.turn2_answer_tokens,
         }
