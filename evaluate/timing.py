@@ -119,9 +119,9 @@ def measure_costs(
 ) -> dict:
     """c and v_k of `target` and one draft step on `context`, R interleaved repeats.
 
-    continuation: at least max(ks) + 1 tokens fed after the context (their values do not
-    change the cost). `draft`: the draft module, only so that fast_linear covers it as the
-    engine does.
+    continuation: the tokens fed after the context, repeated to max(ks) + 1 if short (their
+    values do not change the cost). `draft`: the draft module, only so that fast_linear
+    covers it as the engine does.
     """
     need = max(ks) + 1
     feed = (list(continuation) * need)[:need] if continuation else [0] * need
