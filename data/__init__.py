@@ -7,7 +7,11 @@ from pathlib import Path
 from draftsmith.errors import DraftsmithError
 from draftsmith.io import checked_read_json, checked_read_jsonl, corrupt_file
 
-__all__ = ["load_data_meta", "load_eval_prompts", "load_train_dataset"]
+__all__ = ["HELDOUT", "load_data_meta", "load_eval_prompts", "load_train_dataset"]
+
+# The eval set of the held-out split of role=both sources (each role=eval source is a set
+# named after it); also the set of eval prompts written before eval sets existed.
+HELDOUT = "heldout"
 
 
 def _need(path: Path) -> Path:
@@ -55,6 +59,8 @@ def load_train_dataset(output_dir: str | Path):
 
 
 def load_eval_prompts(output_dir: str | Path) -> list[dict]:
-    """The held-out prompts: [{"id", "prompt_text", "prompt_ids", "category", "source"}, ...]."""
+    """The held-out prompts: [{"id", "prompt_text", "prompt_ids", "category", "source",
+    "eval_set", "messages", "followups"}, ...] (runs generated before eval sets lack the last
+    three)."""
     path = _need(Path(output_dir) / "data" / "eval_prompts.jsonl")
     return checked_read_jsonl(path, regenerate_hint(output_dir))

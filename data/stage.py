@@ -3,7 +3,9 @@
 run_generate(cfg)
   1. load every prompt source, dedupe, split train/eval by each source's role
      (data/split.py), drop training prompts that near-duplicate an eval prompt
-     (data/neardup.py)
+     (data/neardup.py); eval prompts form named eval sets: each role=eval source its
+     own (named after the source), the held-out split of role=both sources `heldout`,
+     each capped by data.max_eval_prompts on its own
   2. render with the target's chat template, tokenize, drop/refuse too-long prompts
      (all checks happen before anything is written)
   3. generate the train prompts shard by shard (skipping finished shards)
@@ -25,9 +27,17 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from draftsmith.config import Config, PromptSource
-from draftsmith.data import load_data_meta, shards
+from draftsmith.data import HELDOUT, load_data_meta, shards
 from draftsmith.data.neardup import EvalIndex
-from draftsmith.data.sources import Prompt, dedupe, encode, load_source, render, source_label
+from draftsmith.data.sources import (
+    Prompt,
+    dedupe,
+    encode,
+    load_source,
+    render,
+    source_label,
+    source_name,
+)
 from draftsmith.data.split import balanced_take, split_prompts
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.io import atomic_dir, atomic_write_json, atomic_write_text
@@ -58,6 +68,9 @@ class Encoded:
     # kind=score: the source's reply to score, tokenized and cut to max_new_tokens (+ EOS
     # when it ends within them); None: the target writes the completion.
     reply_ids: list[int] | None = None
+    messages: tuple[tuple[str, str], ...] = ()  # the conversation before rendering
+    followups: tuple[str, ...] = ()  # later user turns (MT-bench turn 2)
+    eval_set: str | None = None  # eval prompts: the named set it is measured in
 
 
 @dataclass
@@ -113,7 +126,19 @@ def encode_all(prompts: list[Prompt], cfg: Config, tokenizer) -> list[Encoded]:
         if p.reply is not None:
             reply = encode_reply(p.reply, tokenizer, cfg.data.max_new_tokens)
         ids = encode(text, tokenizer, templated)
-        out.append(Encoded(prompt_id(p), p.key, text, ids, p.category, p.source, reply))
+        out.append(
+            Encoded(
+                prompt_id(p),
+                p.key,
+                text,
+                ids,
+                p.category,
+                p.source,
+                reply_ids=reply,
+                messages=p.messages,
+                followups=p.followups,
+            )
+        )
     return out
 
 
@@ -202,17 +227,16 @@ def prepare_prompts(cfg: Config, tokenizer, model_config) -> PreparedPrompts:
         items = encode_all(getattr(pools, role), cfg, tokenizer)
         usable[role], n = drop_too_long(items, limit, cfg.data.too_long)
         skipped += n
-    train, evals = split_prompts(
+    train, held_out = split_prompts(
         usable["both"],
         cfg.data.eval_fraction,
         cfg.run.seed,
         cfg.data.max_eval_prompts,
         train_only=usable["train_only"],
-        eval_only=usable["eval_only"],
     )
+    evals = tag_eval_sets(usable["eval_only"], held_out, cfg)
     prompt_of = {p.key: p for role in ("train_only", "both") for p in getattr(pools, role)}
-    fixed = {e.key for e in usable["eval_only"]}
-    held_out = [e for e in evals if e.key not in fixed]  # eval-only ones were guarded already
+    # eval-only prompts were guarded in load_pools already
     train, near = drop_near_duplicates(train, held_out, prompt_of)
     cap = cfg.data.max_train_prompts
     if cap is not None and len(train) > cap:
@@ -224,6 +248,29 @@ def prepare_prompts(cfg: Config, tokenizer, model_config) -> PreparedPrompts:
             f"{pools.near_duplicates + near} near-duplicates of eval prompts)"
         )
     return PreparedPrompts(train, evals, pools.duplicates, skipped, pools.near_duplicates + near)
+
+
+def tag_eval_sets(eval_only: list[Encoded], held_out: list[Encoded], cfg: Config) -> list[Encoded]:
+    """Every eval prompt tagged with its set: a role=eval source's prompts form a set named
+    after the source, the held-out split `heldout`. data.max_eval_prompts caps each set on
+    its own (the held-out split was capped by split_prompts, its surplus trained on; an
+    eval-only surplus is dropped: its source said it is never trained on). Sets in the
+    order of data.sources, `heldout` last; each ordered by split rank."""
+    for i, src in enumerate(cfg.data.sources):
+        if src.role == "eval" and source_name(src) == HELDOUT and held_out:
+            raise ConfigError(
+                f"{source_label(src, i)}: an eval source named {HELDOUT!r} would merge with the "
+                "held-out split's eval set; rename the file"
+            )
+    by_set: dict[str, list[Encoded]] = {}
+    for e in eval_only:
+        by_set.setdefault(e.source, []).append(e)
+    out = []
+    for name, items in by_set.items():
+        cap = cfg.data.max_eval_prompts
+        kept = balanced_take(items, min(cap or len(items), len(items)), cfg.run.seed)
+        out += [dataclasses.replace(e, eval_set=name) for e in kept]
+    return out + [dataclasses.replace(e, eval_set=HELDOUT) for e in held_out]
 
 
 # ----------------------------------------------------------------------------- fingerprints
@@ -361,6 +408,9 @@ def eval_records(evals: list[Encoded]) -> str:
                 "prompt_ids": e.ids,
                 "category": e.category,
                 "source": e.source,
+                "eval_set": e.eval_set,
+                "messages": [list(m) for m in e.messages],
+                "followups": list(e.followups),
             },
             ensure_ascii=False,
         )
@@ -390,6 +440,7 @@ def build_meta(cfg: Config, prep: PreparedPrompts, infos: list[dict], ds, model_
         "num_prompts": len(prep.train),
         "num_train": len(prep.train),
         "num_eval_prompts": len(prep.eval),
+        "eval_sets": dict(Counter(e.eval_set for e in prep.eval)),
         "num_completions": len(ds),
         "num_prompt_tokens": sum(len(e.ids) for e in prep.train),
         "num_completion_tokens": completion_tokens,
@@ -477,9 +528,10 @@ def run_generate(cfg: Config) -> None:
         data_dir, {"settings": settings(cfg), "shards": [[p.id for p in s] for s in plan]}
     )
     record_config(cfg)  # every check passed and the plan is written: the config is this run's
+    sets = ", ".join(f"{n} {c}" for n, c in Counter(e.eval_set for e in prep.eval).items())
     print(
         f"generate: {len(prep.train)} train prompts in {len(plan)} shards, {len(prep.eval)} eval "
-        f"prompts held out ({prep.duplicates} duplicates dropped, {prep.near_duplicates} "
+        f"prompts held out ({sets}; {prep.duplicates} duplicates dropped, {prep.near_duplicates} "
         f"near-duplicates of eval prompts dropped from training, {prep.skipped} too long skipped)"
     )
     generate_shards(cfg, data_dir, plan, tokenizer, model_path)

@@ -150,6 +150,8 @@ class DataConfig:
     chat_template: bool = True
     system_prompt: str | None = None
     eval_fraction: float = field(default=0.2, metadata=_range(gt=0, lt=1))
+    # caps each eval set on its own (each role=eval source, and the held-out split of the
+    # role=both sources): adding MT-bench never shrinks the held-out set, nor the reverse
     max_eval_prompts: int | None = field(default=None, metadata=_range(ge=1))
     max_train_prompts: int | None = field(default=None, metadata=_range(ge=1))
     backend: Literal["hf", "vllm"] = "hf"
@@ -216,7 +218,20 @@ class EvaluateConfig:
     top_p: float = field(default=1.0, metadata=_range(gt=0, le=1))
     top_k: int = field(default=0, metadata=_range(ge=0))
     max_new_tokens: int = field(default=64, metadata=_range(ge=1))
-    max_prompts: int | None = field(default=None, metadata=_range(ge=1))
+    max_prompts: int | None = field(default=None, metadata=_range(ge=1))  # per eval set
+    # The eval set the best draft is chosen on and the k sweep runs on; None: mtbench when the
+    # run has it, else the first set of data/eval_prompts.jsonl.
+    primary_eval_set: str | None = None
+    # Greedy: every draft is ranked on every prompt by its exact teacher-forced counts; the
+    # engine (speedup, losslessness, k sweep) then decodes the best drafts on at most this many
+    # prompts per set (None: all). 8 x 32 tokens: ~30 s a draft at SmolLM2's ~10 tokens/s here.
+    engine_max_prompts: int | None = field(default=8, metadata=_range(ge=1))
+    # Interleaved repeats of the draft/verify cost timing behind the recommended k.
+    cost_repeats: int = field(default=30, metadata=_range(ge=3))
+    # Also ask each prompt's second turn (MT-bench turn 2) after the target's own greedy answer
+    # to turn 1 (at most turn2_answer_tokens, cached), as the eval set `<set>-turn2`.
+    turn2: bool = False
+    turn2_answer_tokens: int = field(default=128, metadata=_range(ge=1))
     baselines: list[str] = field(default_factory=list)  # extra drafts: model refs or dirs
     select_metric: Literal["acceptance_rate", "mean_accepted_length", "speedup"] = "acceptance_rate"
     on_mismatch: Literal["error", "warn"] = "error"  # greedy losslessness failures

@@ -22,7 +22,13 @@ from pathlib import Path
 
 from draftsmith.config import Config
 from draftsmith.errors import ConfigError, DraftsmithError
-from draftsmith.evaluate.report import TRAINED_ROLES, format_comparison
+from draftsmith.evaluate.report import (
+    TRAINED_ROLES,
+    format_comparison,
+    format_recommendation,
+    format_sweep,
+    ranking_rows,
+)
 from draftsmith.io import (
     TMP_MARK,
     atomic_dir,
@@ -130,13 +136,25 @@ def source_dir(cfg: Config, row: dict) -> Path:
     return src
 
 
+def draft_rows(board: dict, checkpoint: str) -> list[dict]:
+    """A draft's rows on the primary eval set: its engine row (speedup, losslessness) first
+    when the engine decoded it, then its row over every prompt."""
+    primary = board.get("primary_eval_set")
+    rows = [
+        r
+        for r in board["rows"]
+        if r["checkpoint"] == checkpoint and (primary is None or r.get("eval_set") == primary)
+    ]
+    return sorted(rows, key=lambda r: r.get("measured_by") != "engine")
+
+
 def choose_row(board: dict, checkpoint: str | None) -> dict:
-    """The row named by export.checkpoint, else the leaderboard's best."""
+    """The row named by export.checkpoint, else the leaderboard's best (draft_rows' first)."""
     wanted = checkpoint or board["best"]
-    for row in board["rows"]:
-        if row["checkpoint"] == wanted:
-            return row
-    names = ", ".join(r["checkpoint"] for r in board["rows"])
+    rows = draft_rows(board, wanted)
+    if rows:
+        return rows[0]
+    names = ", ".join(dict.fromkeys(r["checkpoint"] for r in board["rows"]))
     raise DraftsmithError(
         f"export.checkpoint: {wanted!r} is not on the leaderboard (have: {names})"
     )
@@ -256,10 +274,48 @@ def _init(meta: dict | None, row: dict) -> str:
 
 def _comparisons(board: dict) -> str:
     """The run's paired comparisons (distilled vs CE twin / init), or nothing."""
-    lines = [f"- {format_comparison(c)}" for c in board.get("comparisons", [])]
+    lines = [
+        f"- {'[' + c['eval_set'] + '] ' if c.get('eval_set') else ''}{format_comparison(c)}"
+        for c in board.get("comparisons", [])
+    ]
     if not lines:
         return ""
     return "Against the run's other drafts, same prompts:\n" + "\n".join(lines) + "\n"
+
+
+def _spread(row: dict) -> str:
+    iqr = row.get("speedup_iqr")
+    return f" (per prompt: {iqr[0]:.2f}x-{iqr[1]:.2f}x, interquartile)" if iqr else ""
+
+
+def _by(row: dict) -> str:
+    if row.get("measured_by") == "teacher_forced":
+        return "teacher-forced replay (exact greedy counts)"
+    return "real speculative decoding"
+
+
+def _eval_sets(board: dict, checkpoint: str) -> str:
+    """Per eval set: the draft's acceptance over every prompt, and per category."""
+    out = []
+    for row in ranking_rows(board["rows"]):
+        if row["checkpoint"] != checkpoint:
+            continue
+        name = row.get("eval_set") or "held-out prompts"
+        primary = " (primary)" if name == board.get("primary_eval_set") else ""
+        cats = "\n".join(
+            f"| {c} | {_fmt(v.get('acceptance_rate'))} | {_fmt(v.get('alpha'))} | "
+            f"{_fmt(v.get('mean_accepted_length'), 2)} | {v.get('num_prompts', '')} |"
+            for c, v in sorted(row.get("per_category", {}).items())
+        )
+        out.append(
+            f"### {name}{primary}: {row.get('num_prompts')} prompts, {_by(row)}\n"
+            f"acceptance rate {_fmt(row.get('acceptance_rate'))}, alpha "
+            f"{_fmt(row.get('alpha'))}, {_fmt(row.get('mean_accepted_length'), 2)} tokens per "
+            f"target forward at k = {row.get('num_speculative_tokens')}\n\n"
+            "| category | acceptance rate | alpha | mean accepted length | prompts |\n"
+            f"|---|---|---|---|---|\n{cats}\n"
+        )
+    return "\n".join(out)
 
 
 def fixed_k_assistant(k: int) -> dict:
@@ -288,18 +344,10 @@ def model_card(cfg: Config, board: dict, row: dict, k: int, out: Path, meta: dic
     spec = json.dumps(speculative_config(out, k))
     target = board.get("target", cfg.target.model)
     target_path = resolve_model(cfg.target.model)  # a dir or hub id that vLLM can load
-    cats = "\n".join(
-        f"| {c} | {_fmt(v.get('acceptance_rate'))} | {_fmt(v.get('mean_accepted_length'), 2)} | "
-        f"{v.get('num_prompts', '')} |"
-        for c, v in sorted(row.get("per_category", {}).items())
-    )
     positions = ", ".join(_fmt(p, 2) for p in row.get("per_position_acceptance", []))
-    sweep = "\n".join(
-        f"| {s['k']} | {_fmt(s.get('acceptance_rate'))} | {_fmt(s.get('mean_accepted_length'), 2)} | "
-        f"{_fmt(s.get('speedup'), 2)} | {_fmt(s.get('modelled_speedup'), 2)} |"
-        for s in board.get("k_sweep", [])
-    )
+    sweep = "\n".join(format_sweep(board))
     lossless = row.get("lossless_match_rate")
+    verdict = {None: "(not decoded)", 1.0: "(pass)"}.get(lossless, "(FAIL)")
     return f"""# Draft model for {target}
 
 A draft for speculative decoding, distilled and verified by draftsmith. The target
@@ -314,7 +362,7 @@ changes speed.
 ## Data
 {_data_summary(cfg)}
 
-## Measured (held-out prompts, real speculative decoding)
+## Measured on {row.get("eval_set") or "held-out prompts"} by {_by(row)}
 Measured on: {board.get("hardware", platform.platform())}, {row.get("num_prompts")} prompts,
 k = {row.get("num_speculative_tokens")}, temperature {row.get("temperature")}.
 
@@ -323,24 +371,26 @@ k = {row.get("num_speculative_tokens")}, temperature {row.get("temperature")}.
 | acceptance rate (accepted / proposed drafts) | {_fmt(row.get("acceptance_rate"))} |
 | alpha (accepted / verified drafts, per-token acceptance) | {_fmt(row.get("alpha"))} |
 | mean accepted length (tokens per target forward) | {_fmt(row.get("mean_accepted_length"), 2)} |
-| measured speedup over target-only decoding | {_fmt(row.get("speedup"), 2)}x |
+| measured speedup over target-only decoding | {_fmt(row.get("speedup"), 2)}x{_spread(row)} |
 | modelled speedup (verify forward = 1 target forward) | {_fmt(row.get("modelled_speedup"), 2)}x |
 | modelled speedup (measured verify cost) | {_fmt(row.get("modelled_speedup_verify"), 2)}x |
 | draft cost ratio c (draft forward / target forward) | {_fmt(row.get("draft_cost_ratio"))} |
 | verify cost ratio v ((k+1)-token / 1-token target forward) | {_fmt(row.get("verify_cost_ratio"), 2)} |
-| lossless check (greedy output == target's own) | {_fmt(lossless)} {"(pass)" if lossless == 1.0 else "(FAIL)"} |
+| lossless check (greedy output == target's own) | {_fmt(lossless)} {verdict} |
 
 Per-position acceptance (given the position was reached): {positions}
 
-| category | acceptance rate | mean accepted length | prompts |
-|---|---|---|---|
-{cats}
-
+## Eval sets
+{_eval_sets(board, row["checkpoint"])}
 {_comparisons(board)}
-### k sweep (recommended k = {k})
-| k | acceptance rate | mean accepted length | measured speedup | modelled speedup |
-|---|---|---|---|---|
+### k sweep on {board.get("primary_eval_set") or "the held-out prompts"}
+Acceptance per k over every prompt, the modelled speedup from draft/verify costs timed in
+interleaved repeats [interquartile range], the measured wall-clock speedup [interquartile
+range over prompts]:
+```
 {sweep}
+```
+{format_recommendation({**board, "recommended_k": k})}.
 
 ## Use it
 vLLM:

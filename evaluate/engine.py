@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from draftsmith.fast_linear import cpu_few_row_linear
-from draftsmith.kv_cache import cache_kwarg, new_cache
+from draftsmith.kv_cache import cache_kwarg, crop_cache, new_cache
 from draftsmith.sampling import SamplingConfig, sampling_probs
 
 # verify_fn(p (k+1, V), q (k, V), drafted (k,), generator) -> (num_accepted, next_token)
@@ -251,11 +251,7 @@ class SpeculativeDecoder:
         res.wall_time = time.perf_counter() - start
         return res
 
-    @staticmethod
-    def _crop(cache, keep: int) -> None:
-        extra = cache.get_seq_length() - keep
-        if extra > 0:
-            cache.crop(-extra)  # a negative crop removes tokens in transformers 4.x and 5.x
+    _crop = staticmethod(crop_cache)
 
     @staticmethod
     def _record_round(res: DecodeResult, k_round: int, n_acc: int, new: list[int]) -> None:

@@ -1,13 +1,16 @@
-"""Reading the stage inputs: held-out eval prompts and the drafts to evaluate."""
+"""Reading the stage inputs: held-out eval prompts, grouped into named eval sets, and the
+drafts to evaluate."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from draftsmith.config import Config
-from draftsmith.data import load_eval_prompts
+from draftsmith.data import HELDOUT, load_eval_prompts
 from draftsmith.distill import list_checkpoints
-from draftsmith.errors import DraftsmithError
+from draftsmith.errors import ConfigError, DraftsmithError
+
+STANDARD_SET = "mtbench"  # the primary eval set by default, when a run has it
 
 
 def load_prompts(output_dir: Path) -> list[dict]:
@@ -20,7 +23,29 @@ def load_prompts(output_dir: Path) -> list[dict]:
             raise DraftsmithError(f"{path}: prompt {p.get('id', i)} has no prompt_ids")
         p.setdefault("id", str(i))
         p.setdefault("category", "default")
+        p["eval_set"] = p.get("eval_set") or HELDOUT
+        p.setdefault("followups", [])
     return prompts
+
+
+def eval_sets(prompts: list[dict], limit: int | None) -> dict[str, list[dict]]:
+    """{set name: its prompts}, sets in file order, each capped at `limit` (select_prompts)."""
+    sets: dict[str, list[dict]] = {}
+    for p in prompts:
+        sets.setdefault(p["eval_set"], []).append(p)
+    return {name: select_prompts(ps, limit) for name, ps in sets.items()}
+
+
+def primary_set(sets: dict[str, list[dict]], wanted: str | None) -> str:
+    """evaluate.primary_eval_set, else mtbench when the run has it, else the first set."""
+    if wanted is None:
+        return STANDARD_SET if STANDARD_SET in sets else next(iter(sets))
+    if wanted not in sets:
+        raise ConfigError(
+            f"evaluate.primary_eval_set: {wanted!r} is not an eval set of this run "
+            f"(have: {', '.join(sets)})"
+        )
+    return wanted
 
 
 def select_prompts(prompts: list[dict], limit: int | None) -> list[dict]:

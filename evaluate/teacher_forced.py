@@ -20,29 +20,44 @@ exactly on the runs compared in the README).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
-from draftsmith.evaluate import metrics
+from draftsmith.errors import DraftsmithError
+from draftsmith.evaluate import metrics, timing
 
 
 @torch.inference_mode()
-def draft_agreement(
+def agreement_and_margin(
     draft, prompt_ids: Sequence[int], target_tokens: Sequence[int], vocab: int | None = None
-) -> list[bool]:
-    """Per target output token: does the draft's teacher-forced argmax equal it?
+) -> tuple[list[bool], float | None]:
+    """Per target output token: does the draft's teacher-forced argmax equal it? And the
+    smallest gap between the draft's two highest logits over those positions, relative to
+    the top logit's size (None without tokens): where it is within float rounding, the
+    engine's cached forwards may argmax the other way (a near-tie, see the module doc).
 
     `vocab`: the target's vocabulary size; like the engine, the draft's argmax is taken over
     the target's ids only (a draft may carry padding rows past them).
     """
     n = len(target_tokens)
     if n == 0:
-        return []
+        return [], None
     device = next(draft.parameters()).device
     ids = torch.tensor([list(prompt_ids) + list(target_tokens[:-1])], device=device)  # (1, P+n-1)
-    logits = draft(input_ids=ids, logits_to_keep=n).logits[0, :, :vocab]  # (n, V)
-    return (logits.argmax(-1) == torch.tensor(list(target_tokens), device=device)).tolist()
+    logits = draft(input_ids=ids, logits_to_keep=n).logits[0, :, :vocab].float()  # (n, V)
+    top = logits.topk(2, dim=-1).values  # (n, 2)
+    margin = ((top[:, 0] - top[:, 1]) / top[:, 0].abs().clamp_min(1.0)).min().item()
+    agree = (logits.argmax(-1) == torch.tensor(list(target_tokens), device=device)).tolist()
+    return agree, margin
+
+
+def draft_agreement(
+    draft, prompt_ids: Sequence[int], target_tokens: Sequence[int], vocab: int | None = None
+) -> list[bool]:
+    """Per target output token: does the draft's teacher-forced argmax equal it?"""
+    return agreement_and_margin(draft, prompt_ids, target_tokens, vocab)[0]
 
 
 def replay(agree: Sequence[bool], tokens: Sequence[int], k: int, budget: int) -> dict:
@@ -94,3 +109,88 @@ def greedy_refs(target, eos_ids, prompts: Sequence[dict], max_new_tokens: int) -
     return [
         {**p, "tokens": decoder.generate(p["prompt_ids"], max_new_tokens).tokens} for p in prompts
     ]
+
+
+# ----------------------------------------------------------------------------- the engine check
+
+COUNT_KEYS = ("proposed", "accepted", "accepted_at", "reached_at", "target_forwards")
+
+
+def replay_mismatches(
+    engine: Sequence[dict], replayed: Sequence[dict], target_only: Sequence[dict], near_tie: float
+) -> tuple[list, list]:
+    """Prompts whose greedy engine counts differ from the replay's: (ids with no near-tie to
+    explain it, ids where the draft's smallest relative logit margin is <= near_tie).
+
+    The three lists are aligned by prompt; `replayed` items carry the pass's "margin". A
+    prompt whose engine output is not the target's own is skipped: the lossless check has
+    reported it, and the replay assumes the target's tokens.
+    """
+    bad, tied = [], []
+    for e, r, b in zip(engine, replayed, target_only):
+        if e["tokens"] != b["tokens"] or all(e[key] == r[key] for key in COUNT_KEYS):
+            continue
+        margin = r.get("margin")
+        (tied if margin is not None and margin <= near_tie else bad).append(e["id"])
+    return bad, tied
+
+
+def check_replay(
+    name: str,
+    engine: Sequence[dict],
+    replayed: Sequence[dict],
+    target_only: Sequence[dict],
+    near_tie: float,
+) -> float:
+    """The engine's greedy counts must equal the teacher-forced replay's: raise naming the
+    first prompt where they differ beyond a near-tie; return the share that match exactly."""
+    bad, tied = replay_mismatches(engine, replayed, target_only, near_tie)
+    if bad:
+        raise DraftsmithError(
+            f"{name}: the engine's greedy counts differ from the teacher-forced replay's on "
+            f"{len(bad)} of {len(engine)} prompts (first: prompt {bad[0]!r}) where the draft has "
+            "no near-tied logits to explain it: a bug in the engine or the replay"
+        )
+    if tied:
+        print(
+            f"[evaluate] {name}: engine and teacher-forced counts differ on {len(tied)} prompts "
+            f"with near-tied draft logits (first: {tied[0]!r}); float rounding, not a bug"
+        )
+    return 1.0 - len(tied) / len(engine) if engine else 1.0
+
+
+# ----------------------------------------------------------------------------- draft kinds
+
+
+@dataclass(frozen=True)
+class KindReplay:
+    """What the evaluate stage needs from a draft kind besides the engine.
+
+    agreement(draft, load_target, prompt_ids, target_tokens, vocab) -> (agree, margin), as
+        agreement_and_margin; `load_target()` gives the target for kinds that read it
+    draft_step(draft, load_target, context, token) -> timing.Step: one proposal step on a
+        cache holding `context`, for the cost timing
+    """
+
+    agreement: Callable
+    draft_step: Callable
+
+
+def _independent_agreement(draft, load_target, prompt_ids, target_tokens, vocab):
+    return agreement_and_margin(draft, prompt_ids, target_tokens, vocab)
+
+
+def _independent_step(draft, load_target, context, token):
+    return timing.independent_draft_step(draft, context, token)
+
+
+INDEPENDENT = KindReplay(_independent_agreement, _independent_step)
+
+
+def kind_replay(kind: str | None) -> KindReplay:
+    """The one place a draft kind's teacher-forced replay is looked up: the independent
+    kind's is this module's; a kind that reads the target (EAGLE-3) brings its own through
+    the draft-kind registry, wired in here."""
+    if kind in (None, "independent"):
+        return INDEPENDENT
+    raise DraftsmithError(f"evaluate: draft kind {kind!r} has no teacher-forced replay")

@@ -54,3 +54,35 @@ def test_padding_rows_of_the_draft_are_ignored_like_the_engine_does():
     (row,) = teacher_forced_results(draft, refs, 3, 12, vocab=vocab)
     engine = SpeculativeDecoder(target, draft, k=3).generate(prompt, 12)
     assert row["accepted"] == engine.accepted == engine.proposed  # still perfect within the vocab
+
+
+def test_replay_mismatches_tell_near_ties_from_bugs():
+    from draftsmith.evaluate.teacher_forced import replay_mismatches
+
+    counts = {"proposed": 6, "accepted": 2, "accepted_at": [2, 0], "reached_at": [3, 1]}
+    same = {**counts, "target_forwards": 4}
+    other = {**same, "accepted": 3, "accepted_at": [2, 1]}
+    engine = [
+        {"id": "same", "tokens": [1, 2], **same},
+        {"id": "bug", "tokens": [1, 2], **other},
+        {"id": "tie", "tokens": [1, 2], **other},
+        {"id": "lossy", "tokens": [1, 3], **other},  # not the target's output: reported elsewhere
+    ]
+    replayed = [
+        {"margin": 0.0, **same},
+        {"margin": 0.5, **same},
+        {"margin": 1e-6, **same},
+        {"margin": 0.5, **same},
+    ]
+    base = [{"tokens": [1, 2]}] * 4
+    assert replay_mismatches(engine, replayed, base, near_tie=1e-4) == (["bug"], ["tie"])
+    assert replay_mismatches(engine, replayed, base, near_tie=0.6) == ([], ["bug", "tie"])
+
+
+def test_a_draft_kind_without_a_replay_is_one_clear_error():
+    from draftsmith.errors import DraftsmithError
+    from draftsmith.evaluate.teacher_forced import INDEPENDENT, kind_replay
+
+    assert kind_replay(None) is kind_replay("independent") is INDEPENDENT
+    with pytest.raises(DraftsmithError, match="^evaluate: draft kind 'medusa' has no teacher"):
+        kind_replay("medusa")
