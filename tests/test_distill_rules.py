@@ -163,6 +163,8 @@ def _trainer_with_scaler(scaler):
     return SimpleNamespace(
         step=0,
         history=[],
+        cpu_seconds=0.0,
+        tokens_seen=0,
         optimizer=opt,
         scheduler=sched,
         accelerator=SimpleNamespace(scaler=scaler),

@@ -11,6 +11,11 @@ from draftsmith.distill.checkpoint import training_settings
 from draftsmith.export import _training, assistant_generation_config
 
 
+@pytest.fixture
+def cfg():
+    return load_config("configs/smollm2-135m.yaml", ["distill.max_steps=180"])
+
+
 def _record(loss: str) -> dict:
     """A checkpoint's record (draftsmith_checkpoint.json) as distill writes it."""
     cfg = load_config("configs/smollm2-135m.yaml", ["distill.max_steps=180"])
@@ -97,7 +102,7 @@ def test_export_takes_the_primary_sets_engine_row_and_the_card_shows_every_set(c
     assert (row["eval_set"], row["measured_by"], row["speedup"]) == ("mtbench", "engine", 1.37)
     other = choose_row(BOARD, "checkpoint-3")  # never decoded: its replay row over every prompt
     assert (other["eval_set"], other["measured_by"]) == ("mtbench", "teacher_forced")
-    card = model_card(cfg, BOARD, row, 2, tmp_path / "export")
+    card = model_card(cfg, BOARD, row, 2, tmp_path / "export", _record("forward_kl"))
     assert "## Measured on mtbench by real speculative decoding" in card
     assert "| measured speedup over target-only decoding | 1.37x |" in card
     sets = card.split("## Eval sets", 1)[1]
