@@ -255,7 +255,19 @@ def make_accelerator(cfg: Config):
     mp = cfg.distill.mixed_precision
     if mp == "auto":
         mp = "bf16" if batched_bf16(device) else "no"
+    _forget_other_precision(mp)
     return Accelerator(mixed_precision=mp, cpu=device.type == "cpu")
+
+
+def _forget_other_precision(mp: str) -> None:
+    """accelerate keeps one AcceleratorState per process and refuses a second Accelerator of
+    another precision; a process that distills twice (the Python API, a notebook, tests) may
+    ask for another. Only that per-Accelerator state is dropped: the process group
+    (PartialState) of a distributed launch is kept."""
+    from accelerate.state import AcceleratorState
+
+    if AcceleratorState._shared_state and AcceleratorState().mixed_precision != mp:
+        AcceleratorState._reset_state(reset_partial_state=False)
 
 
 def _uses_target(cfg: Config, loss_name: str) -> bool:

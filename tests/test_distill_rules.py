@@ -220,3 +220,17 @@ def test_fp16_resume_restores_the_loss_scale(dirs):
     # the scale, or (with no overflow in 4 steps) the growth tracker: 4 vs 2 unrestored
     assert a["grad_scaler"] is not None and b["grad_scaler"] == a["grad_scaler"]
     assert b["history"] == pytest.approx(a["history"], rel=1e-3)
+
+
+def test_one_process_distills_at_two_precisions(tmp_path):
+    """accelerate's per-process state refused a second Accelerator of another precision
+    (the pipeline's Python API, notebooks, this suite): make_accelerator drops it."""
+    from draftsmith.distill.train import make_accelerator
+
+    cfg = make_cfg(tmp_path, tmp_path)
+    first = make_accelerator(cfg)
+    assert first.mixed_precision == "no"
+    cfg.distill.mixed_precision = "bf16"
+    assert make_accelerator(cfg).mixed_precision == "bf16"
+    cfg.distill.mixed_precision = "no"
+    assert make_accelerator(cfg).mixed_precision == "no"
