@@ -32,7 +32,7 @@ class CompletionLogits(nn.Module):
     V is `num_ids`, the tokenizer's ids: the rows past them (padding, draftsmith/vocab.py)
     are cut here, for draft and target alike, so no loss ever sees them and the two
     sides have one width even when their row counts differ. This wrapper (not the bare
-    LM) is what accelerate prepares, so DDP/FSDP see the forward that the loss
+    LM) is what accelerate prepares, so DDP sees the forward that the loss
     differentiates.
     """
 

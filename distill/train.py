@@ -4,11 +4,9 @@
     accelerate launch --num_processes 8 -m draftsmith.cli distill CONFIG   # DDP
     accelerate launch --num_processes 2 --cpu -m draftsmith.cli distill CONFIG  # DDP on CPU (gloo)
 
-FSDP: `accelerate config` (or `accelerate launch --use_fsdp --fsdp_sharding_strategy
-FULL_SHARD ...`) shards the draft's parameters, gradients and optimizer state over the
-processes; nothing in this file changes, because the model accelerate prepares is the
-`CompletionLogits` wrapper whose forward the loss differentiates. Only rank 0 writes
-checkpoints, prints and logs to wandb; every rank computes the same batch plan.
+FSDP is refused (one error at start): checkpoints are written by rank 0 from its own
+parameters and on-policy sampling calls `generate` on the unwrapped module, both of which
+assume every rank holds the whole draft. Drafts are small; DDP fits them.
 
 Per optimizer step: the global batch (distill.batch_size sequences) is split into
 grad_accum_steps x num_processes micro-batches. Each micro-batch loss is its token SUM
@@ -249,14 +247,21 @@ def save(tr: Trainer) -> None:
 
 
 def make_accelerator(cfg: Config):
-    from accelerate import Accelerator
+    from accelerate import Accelerator, DistributedType
 
     device = pick_device(cfg.run.device)
     mp = cfg.distill.mixed_precision
     if mp == "auto":
         mp = "bf16" if batched_bf16(device) else "no"
     _forget_other_precision(mp)
-    return Accelerator(mixed_precision=mp, cpu=device.type == "cpu")
+    acc = Accelerator(mixed_precision=mp, cpu=device.type == "cpu")
+    if acc.distributed_type == DistributedType.FSDP:
+        raise DraftsmithError(
+            "accelerate is configured for FSDP, which distill does not support (checkpoints "
+            "and on-policy sampling need the whole draft on each rank); use DDP: "
+            "`accelerate launch --num_processes N -m draftsmith.cli distill CONFIG`"
+        )
+    return acc
 
 
 def _forget_other_precision(mp: str) -> None:

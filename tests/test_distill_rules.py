@@ -234,3 +234,19 @@ def test_one_process_distills_at_two_precisions(tmp_path):
     assert make_accelerator(cfg).mixed_precision == "bf16"
     cfg.distill.mixed_precision = "no"
     assert make_accelerator(cfg).mixed_precision == "no"
+
+
+def test_fsdp_is_refused_with_one_error(tmp_path, monkeypatch):
+    """A single CPU process never becomes FSDP, so accelerate's answer is stood in for."""
+    import accelerate
+    from accelerate import DistributedType
+
+    from draftsmith.distill.train import make_accelerator
+    from draftsmith.errors import DraftsmithError
+
+    class ShardedAccelerator(accelerate.Accelerator):
+        distributed_type = DistributedType.FSDP
+
+    monkeypatch.setattr(accelerate, "Accelerator", ShardedAccelerator)
+    with pytest.raises(DraftsmithError, match="FSDP, which distill does not support"):
+        make_accelerator(make_cfg(tmp_path, tmp_path))
