@@ -3,6 +3,7 @@
     python scripts/budget_curve.py --prompts RUN/data/eval_prompts.jsonl --eval-set mtbench \\
         --refs /path/refs.json --out docs/budget.png RUN_A:label RUN_B:label ...
     ... --x tokens     # the data-scaling view: alpha against teacher tokens trained on
+    ... --reuse docs/budget.json   # points already scored (same prompts, refs and k) are read
 
 Every checkpoint of each run (checkpoints/checkpoint-<step>) is scored by teacher-forced
 greedy replay (draftsmith.evaluate.teacher_forced: the engine's exact counts) against the
@@ -62,7 +63,11 @@ def refs_for(cfg, prompts: list[dict], path: Path, max_new: int) -> list[dict]:
     return refs
 
 
-def run_points(run: Path, label: str, refs: list[dict], k: int, max_new: int, vocab: int):
+def run_points(
+    run: Path, label: str, refs: list[dict], k: int, max_new: int, vocab: int, known: dict
+):
+    """One point per checkpoint; `known` holds points scored before, by (run, step, the
+    checkpoint's recorded CPU seconds): a checkpoint trained further is scored again."""
     cfg = load_config(run / "config.yaml")
     meta = json.loads((run / "data" / "meta.json").read_text())
     on_policy = cfg.distill.on_policy_fraction >= 1.0
@@ -72,6 +77,11 @@ def run_points(run: Path, label: str, refs: list[dict], k: int, max_new: int, vo
     for step, path in list_checkpoints(run / "checkpoints"):
         ck = json.loads((path / "draftsmith_checkpoint.json").read_text())
         seen = int(ck.get("tokens_seen", 0))
+        old = known.get((str(run), step, float(ck.get("cpu_time_s", 0.0))))
+        if old is not None:
+            points.append({**old, "label": label})
+            print(f"{label:24s} step {step:5d}  alpha {old['alpha']:.3f}  (reused)", flush=True)
+            continue
         draft = load_model(str(path), device=torch.device("cpu"), dtype=torch.float32)
         rows = teacher_forced_results(draft, refs, k, max_new, vocab)
         s = metrics.summarize(rows, rows, k)
@@ -137,6 +147,9 @@ def main() -> None:
     ap.add_argument("--x", choices=("cpu", "tokens"), default="cpu")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--title", default="held-out MT-bench acceptance against cost")
+    ap.add_argument(
+        "--reuse", type=Path, nargs="*", default=[], help="JSON tables this script wrote before"
+    )
     args = ap.parse_args()
     torch.set_num_threads(2)
     first = Path(args.runs[0].split(":")[0])
@@ -144,11 +157,16 @@ def main() -> None:
     prompts = read_prompts(args.prompts, args.eval_set)
     refs = refs_for(cfg, prompts, args.refs, args.max_new_tokens)
     vocab = load_target_config(cfg.target).get_text_config().vocab_size
+    known = {
+        (p["run"], p["step"], p["train_cpu_s"]): p
+        for path in args.reuse
+        for p in json.loads(path.read_text())
+    }
     points = []
     for spec in args.runs:
         run, _, label = spec.partition(":")
         points += run_points(
-            Path(run), label or Path(run).name, refs, args.k, args.max_new_tokens, vocab
+            Path(run), label or Path(run).name, refs, args.k, args.max_new_tokens, vocab, known
         )
     plot(points, args.x, args.out, args.title)
     atomic_write_json(args.out.with_suffix(".json"), points)
