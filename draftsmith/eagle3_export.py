@@ -34,7 +34,7 @@ from torch import nn
 
 from draftsmith.draft_vocab import DraftVocab, vocab_problem
 from draftsmith.eagle3 import Eagle3Head
-from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.errors import DraftsmithError
 from draftsmith.io import atomic_dir, atomic_write_json
 
 WEIGHTS = "model.safetensors"
@@ -94,26 +94,24 @@ def eagle3_config(head: Eagle3Head, target_config, verifier_name_or_path: str, k
     }
 
 
-def save_eagle3(
+def write_eagle3(
     head: Eagle3Head,
     out_dir: str | Path,
     target_config,
     verifier_name_or_path: str,
     k: int,
-    overwrite: bool = False,
     include_embeddings: bool = False,
-) -> Path:
-    """Write `head` (its d2t/t2d included) to out_dir atomically, after the export's checks.
+    final_path: str | Path | None = None,
+) -> None:
+    """Write `head` (its d2t/t2d included) into the existing dir out_dir, after the checks.
 
-    include_embeddings writes the target's embed_tokens.weight too (see the module doc).
+    include_embeddings writes the target's embed_tokens.weight too (see the module doc);
+    speculative_config.json names `final_path` (default out_dir): where the dir will live
+    once a caller building it under a temp name has renamed it.
     """
     from safetensors.torch import save_file
 
     out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise ConfigError(
-            f"export.output_dir: {out} exists; set export.overwrite=true to replace it"
-        )
     tc = target_config.get_text_config()
     if tc.vocab_size != head.t2d.numel() or tc.hidden_size != head.config.hidden_size:
         raise DraftsmithError(
@@ -128,14 +126,38 @@ def save_eagle3(
         weights["embed_tokens.weight"] = head.embed_tokens.weight.detach().cpu().contiguous()
     problem = _config_problem(config) or _weights_problem(config, weights)
     if problem:  # checked before anything is written: a bad export never lands
-        raise DraftsmithError(f"eagle3 export {out}: {problem}")
+        raise DraftsmithError(f"eagle3 export {final_path or out}: {problem}")
+    atomic_write_json(out / "config.json", config)
+    save_file(weights, out / WEIGHTS, metadata={"format": "pt"})
+    atomic_write_json(
+        out / "speculative_config.json",
+        speculative_config(Path(final_path or out), k),
+    )
+
+
+def speculative_config(path: Path, k: int) -> dict:
+    """vLLM's speculative_config for the export at `path`."""
+    return {"method": "eagle3", "model": str(path.resolve()), "num_speculative_tokens": int(k)}
+
+
+def save_eagle3(
+    head: Eagle3Head,
+    out_dir: str | Path,
+    target_config,
+    verifier_name_or_path: str,
+    k: int,
+    overwrite: bool = False,
+    include_embeddings: bool = False,
+) -> Path:
+    """write_eagle3 into out_dir atomically: the dir appears complete or not at all.
+
+    An existing out_dir is the export stage's error (exit 1, export.overwrite replaces it).
+    """
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise DraftsmithError(f"{out}: export dir exists; set export.overwrite=true to replace it")
     with atomic_dir(out, overwrite=overwrite) as tmp:
-        atomic_write_json(tmp / "config.json", config)
-        save_file(weights, tmp / WEIGHTS, metadata={"format": "pt"})
-        atomic_write_json(
-            tmp / "speculative_config.json",
-            {"method": "eagle3", "model": str(out.resolve()), "num_speculative_tokens": int(k)},
-        )
+        write_eagle3(head, tmp, target_config, verifier_name_or_path, k, include_embeddings, out)
     return out
 
 
