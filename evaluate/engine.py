@@ -17,6 +17,13 @@ One round, with the committed sequence `seq` of length n (both caches hold at mo
 With no draft (or k = 0) the same loop is the target-only baseline: one 1-token target
 forward per emitted token, same caches, same sampling code, so speed comparisons are fair.
 
+The draft side is a `Proposer` (one per kind of draft, draftsmith/kinds.py): prefill,
+propose (tokens and q over the target vocabulary), crop, observe. IndependentProposer is
+the causal-LM draft described above; evaluate/eagle3_proposer.py drafts with an eagle3
+head, which reads the target's hidden states: the engine then asks the target's prefill and
+verify passes for those layers' states and hands them over. The invariant both keep: with
+n committed tokens the target's cache holds n-1 and the first round feeds seq[-1] + drafts.
+
 Timing: every draft and target forward is timed on its own (perf_counter; cuda synchronize),
 split into single-token forwards and multi-token ones, so the draft cost ratio
 c = mean draft 1-token forward / mean target 1-token forward can be measured.
