@@ -1,10 +1,13 @@
 """Checkpoints: `checkpoints/checkpoint-<step>/`, each a loadable HF model dir plus train state.
 
 Layout of one checkpoint (the stage contract):
-    model.safetensors, config.json, generation_config.json, tokenizer files
+    the model files of its kind (draftsmith/kinds.py): an independent draft's HF model dir
+    (model.safetensors, config.json, generation_config.json, tokenizer files), an eagle3
+    head's speculators layout (config.json, model.safetensors; the target's embeddings
+    are not copied)
     train_state.pt               optimizer, scheduler, RNG, step and loss history
                                  (tensors and plain Python only: torch.load(weights_only=True))
-    draftsmith_checkpoint.json   {"step", "loss", "init", "loss_name", "teacher", ...}
+    draftsmith_checkpoint.json   {"step", "kind", "loss", "init", "loss_name", "teacher", ...}
 
 A checkpoint is complete iff its final directory name exists: it is written under
 a temp name and renamed (draftsmith.io.atomic_dir), so a run killed mid-write
@@ -49,14 +52,14 @@ def list_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def save_checkpoint(
-    directory: Path, step: int, lm, tokenizer, train_state: dict, meta: dict
-) -> Path:
-    """Write checkpoint-<step> atomically (replacing an existing one of the same step)."""
+def save_checkpoint(directory: Path, step: int, write_model, train_state: dict, meta: dict) -> Path:
+    """Write checkpoint-<step> atomically (replacing an existing one of the same step).
+
+    write_model(dir) writes the model files: its kind's (draftsmith.kinds model_writer).
+    """
     path = Path(directory) / f"checkpoint-{step}"
     with atomic_dir(path, overwrite=True) as tmp:
-        lm.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        write_model(tmp)
         kill_hook(f"save:{step}")
         torch.save(train_state, tmp / STATE_FILE)
         (tmp / META_FILE).write_text(json.dumps({"step": step, **meta}, indent=2) + "\n")

@@ -1,17 +1,22 @@
-"""The distill stage entry point: train the draft into <output_dir>/checkpoints/."""
+"""The distill stage entry point: train each configured kind of draft into its checkpoints dir."""
 
 from __future__ import annotations
 
 from draftsmith.config import Config
 from draftsmith.distill.train import train_draft
+from draftsmith.kinds import get_kind
 
 
 def run_distill(cfg: Config) -> None:
-    """Distill the draft per cfg.distill/cfg.draft; resumable, a no-op when finished.
+    """Distill each kind in draft.kind per cfg.distill/cfg.draft; resumable, a no-op when finished.
 
-    With distill.ce_baseline, also train a plain cross-entropy twin (same data, steps
-    and init) into <output_dir>/ablations/ce/ for the leaderboard's comparison.
+    Each kind trains into its own folder (draftsmith/kinds.py: checkpoints/ for the
+    independent draft, eagle3/checkpoints/ for the head). With distill.ce_baseline, each
+    also trains a plain cross-entropy twin (same data, steps and init) next to it, in
+    ablations/ce/, for the leaderboard's comparison.
     """
-    train_draft(cfg, cfg.output_dir / "checkpoints")
-    if cfg.distill.ce_baseline and cfg.distill.loss != "ce":
-        train_draft(cfg, cfg.output_dir / "ablations" / "ce", loss_override="ce")
+    for name in cfg.draft.kinds:
+        kind = get_kind(name)
+        train_draft(cfg, kind.checkpoints_dir(cfg.output_dir), kind=name)
+        if cfg.distill.ce_baseline and cfg.distill.loss != "ce":
+            train_draft(cfg, kind.ce_dir(cfg.output_dir), loss_override="ce", kind=name)

@@ -49,7 +49,7 @@ from draftsmith.distill.checkpoint import (
     save_checkpoint,
 )
 from draftsmith.distill.init import build_draft, flops_per_token
-from draftsmith.distill.losses import distill_loss
+from draftsmith.distill.losses import TokenSum, distill_loss
 from draftsmith.distill.teacher import (
     CompletionLogits,
     is_on_policy_step,
@@ -58,6 +58,7 @@ from draftsmith.distill.teacher import (
 )
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.io import clean_stale_temps
+from draftsmith.kinds import DraftKind, get_kind
 from draftsmith.models import (
     count_parameters,
     load_target,
@@ -86,6 +87,8 @@ class Trainer:
     tokenizer: object
     meta: dict
     checkpoints_dir: Path
+    kind: DraftKind  # draftsmith.kinds: what differs between kinds of draft
+    target_config: object
     step: int = 0
     history: list[float] = field(default_factory=list)
 
@@ -130,8 +133,8 @@ def make_batches(tr: Trainer, step: int, on_policy: bool) -> list[Batch]:
 # ----------------------------------------------------------------------------- one step
 
 
-def micro_step(tr: Trainer, batch: Batch, global_tokens: float, on_policy: bool) -> torch.Tensor:
-    """Forward + backward of one micro-batch; returns its loss SUM (detached)."""
+def independent_loss_parts(tr: Trainer, batch: Batch, on_policy: bool) -> list[TokenSum]:
+    """The independent draft's one loss part: its logits against the teacher's signal."""
     dcfg, acc = tr.cfg.distill, tr.accelerator
     with acc.autocast():
         logits = tr.model(batch.input_ids, batch.attention_mask, batch.loss_mask)  # (N, V)
@@ -146,8 +149,26 @@ def micro_step(tr: Trainer, batch: Batch, global_tokens: float, on_policy: bool)
         beta=dcfg.beta,
         ce_weight=0.0 if on_policy else dcfg.ce_weight,  # no target tokens to imitate
     )
-    acc.backward(part.total * acc.num_processes / global_tokens)
-    return part.total.detach()
+    return [part]
+
+
+def micro_step(tr: Trainer, batch: Batch, global_counts: list[float], on_policy: bool):
+    """Forward + backward of one micro-batch; returns its loss SUM per part (detached, (m,)).
+
+    A kind's loss has m parts (an eagle3 head: one per training-time-test step); part i's
+    sum is divided by its token count over the whole global batch and weighted, so the
+    update is the weighted sum of exact token means (one part: the plain token mean).
+    """
+    acc = tr.accelerator
+    parts = tr.kind.loss_parts(tr, batch, on_policy)
+    weights = tr.kind.loss_weights(tr.cfg)
+    objective = sum(
+        w * p.total * acc.num_processes / n
+        for w, p, n in zip(weights, parts, global_counts)
+        if n > 0  # a part with no token anywhere (a TTT step past every sequence) adds 0
+    )
+    acc.backward(objective)
+    return torch.stack([p.total.detach() for p in parts])
 
 
 def train_step(tr: Trainer, step: int) -> dict:
@@ -155,14 +176,17 @@ def train_step(tr: Trainer, step: int) -> dict:
     acc, dcfg = tr.accelerator, tr.cfg.distill
     on_policy = is_on_policy_step(tr.cfg.run.seed, step, dcfg.on_policy_fraction)
     batches = make_batches(tr, step, on_policy)
-    local = torch.tensor(float(sum(b.num_tokens for b in batches)), device=acc.device)
-    global_tokens = acc.reduce(local, "sum").item()
-    total = torch.zeros((), device=acc.device)
+    counts = [tr.kind.token_counts(tr, b) for b in batches]  # per micro-batch, per part
+    local = torch.tensor([sum(c) for c in zip(*counts)], device=acc.device)  # (m,)
+    global_counts = acc.reduce(local, "sum")
+    total = torch.zeros(len(local), device=acc.device)
     for j, batch in enumerate(batches):
         last = j == len(batches) - 1
         with contextlib.nullcontext() if last else acc.no_sync(tr.model):
-            total += micro_step(tr, batch, global_tokens, on_policy)
-    loss = (acc.reduce(total, "sum") / global_tokens).item()
+            total += micro_step(tr, batch, global_counts.tolist(), on_policy)
+    weights = torch.tensor(tr.kind.loss_weights(tr.cfg), device=acc.device)
+    means = acc.reduce(total, "sum") / global_counts.clamp(min=1.0)  # (m,) token means
+    loss = (weights * means).sum().item()
     if not math.isfinite(loss):
         good = list_checkpoints(tr.checkpoints_dir)
         keep = good[-1][1] if good else "none"
@@ -179,7 +203,7 @@ def train_step(tr: Trainer, step: int) -> dict:
         "loss": loss,
         "lr": lr,
         "grad_norm": float(grad_norm),
-        "tokens": global_tokens,
+        "tokens": global_counts[0].item(),
         "on_policy": on_policy,
     }
 
@@ -226,7 +250,8 @@ def save(tr: Trainer) -> None:
             "loss_history": tr.history,
             "lr": tr.scheduler.get_last_lr()[0],
         }
-        save_checkpoint(tr.checkpoints_dir, tr.step, tr.draft, tr.tokenizer, train_state(tr), meta)
+        write_model = tr.kind.model_writer(tr)
+        save_checkpoint(tr.checkpoints_dir, tr.step, write_model, train_state(tr), meta)
         prune_checkpoints(tr.checkpoints_dir, tr.cfg.distill.keep_last)
     acc.wait_for_everyone()
 
@@ -307,7 +332,9 @@ def describe(draft, target_config, say) -> dict:
     return info
 
 
-def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | None) -> Trainer:
+def setup(
+    cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | None, kind: DraftKind
+) -> Trainer:
     from transformers import get_cosine_schedule_with_warmup
 
     dcfg = cfg.distill
@@ -315,40 +342,40 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
     check_divisible(dcfg.batch_size, dcfg.grad_accum_steps, acc.num_processes)
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
-    need_topk = loss_name != "ce" and dcfg.teacher == "offline"
+    need_topk = kind.reads_topk(cfg, loss_name)
     data = TrainData(load_train_dataset(cfg.output_dir), dcfg.max_seq_len, need_topk)
     target_tok = load_target_tokenizer(cfg.target)
-    target = None
-    if _needs_target_weights(cfg, loss_name, resume):
-        target = load_target(cfg.target, acc.device)
-    target_config = _target_config(cfg, target)
-    draft, tok, init = load_draft(cfg, resume, target, target_tok, target_config, acc.device)
-    say = acc.print
-    info = describe(draft, target_config, say)
     num_ids = token_id_count(target_tok)  # logits past it are padding (draftsmith/vocab.py)
-    teacher = None
-    if _uses_target(cfg, loss_name):
-        target.requires_grad_(False)
-        teacher = CompletionLogits(target.eval(), num_ids)
+    target = None
+    if kind.needs_target_weights(cfg, loss_name, resume):
+        target = load_target(cfg.target, acc.device, kind.target_dtype(cfg, acc.device))
+    target_config = _target_config(cfg, target)
+    kind.check_target(cfg, target_config, num_ids)
+    draft, tok, init, kind_meta = kind.load_draft(
+        cfg, resume, target, target_tok, target_config, data, acc.device
+    )
+    say = acc.print
+    info = kind.describe(draft, target_config, say)
+    teacher, module = kind.training_modules(cfg, loss_name, draft, target, num_ids)
     del target  # offline/CE: the target is not kept in memory
     optimizer = torch.optim.AdamW(
-        trainable_parameters(draft, dcfg.freeze_embeddings),
-        lr=dcfg.lr,
-        weight_decay=dcfg.weight_decay,
+        kind.trainable_parameters(cfg, draft), lr=dcfg.lr, weight_decay=dcfg.weight_decay
     )
     scheduler = get_cosine_schedule_with_warmup(optimizer, dcfg.warmup_steps, dcfg.max_steps)
-    model, optimizer = acc.prepare(CompletionLogits(draft, num_ids), optimizer)
+    model, optimizer = acc.prepare(module, optimizer)
     meta = {
+        "kind": kind.name,
         "init": init,
         "loss_name": loss_name,
-        "teacher": dcfg.teacher,
+        "teacher": "online" if kind.name == "eagle3" else dcfg.teacher,
         "max_steps": dcfg.max_steps,
         "target": cfg.target.model,
         **info,
+        **kind_meta,
     }
     say(
-        f"distill: {len(data)} sequences ({data.dropped} dropped: no completion token within "
-        f"max_seq_len), loss {loss_name}, teacher {dcfg.teacher}, init {init}"
+        f"distill ({kind.name}): {len(data)} sequences ({data.dropped} dropped: no completion "
+        f"token within max_seq_len), loss {loss_name}, teacher {meta['teacher']}, init {init}"
     )
     return Trainer(
         cfg,
@@ -363,6 +390,8 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
         tok,
         meta,
         checkpoints_dir,
+        kind,
+        target_config,
     )
 
 
@@ -414,12 +443,19 @@ def run_loop(tr: Trainer, run) -> None:
     bar.close()
 
 
-def train_draft(cfg: Config, checkpoints_dir: Path, loss_override: str | None = None) -> Path:
-    """Train a draft into `checkpoints_dir`; returns the final checkpoint's path.
+def train_draft(
+    cfg: Config,
+    checkpoints_dir: Path,
+    loss_override: str | None = None,
+    kind: str = "independent",
+) -> Path:
+    """Train a draft of `kind` (draftsmith.kinds) into `checkpoints_dir`; returns the final
+    checkpoint's path.
 
     `loss_override` trains a twin with another loss (e.g. "ce") on the same data, steps
     and init, for ablations. Resumable per distill.resume; a finished run returns at once.
     """
+    kind = get_kind(kind)
     checkpoints_dir = Path(checkpoints_dir)
     dcfg = cfg.distill
     loss_name = loss_override or dcfg.loss
@@ -432,13 +468,15 @@ def train_draft(cfg: Config, checkpoints_dir: Path, loss_override: str | None = 
     resume = find_resume(checkpoints_dir, dcfg.resume)
     if resume is not None:
         _check_same_loss(resume, loss_name)
-    tr = setup(cfg, checkpoints_dir, loss_name, resume)
+        _check_same_kind(resume, kind.name)
+    tr = setup(cfg, checkpoints_dir, loss_name, resume, kind)
     if resume is not None:
         restore_train_state(tr, load_train_state(resume))
         tr.accelerator.print(f"distill: resuming from {resume} (step {tr.step})")
     else:
         save(tr)  # checkpoint-0: the untrained initialisation
-    job = "distill" if loss_override is None else f"distill-{loss_name}"
+    job = "-".join(["distill"] + [kind.name] * (kind.name != "independent"))
+    job += "" if loss_override is None else f"-{loss_name}"
     main = tr.accelerator.is_main_process
     with wandb_run(cfg, job) if main else contextlib.nullcontext(None) as run:
         if run is not None:
@@ -453,4 +491,13 @@ def _check_same_loss(resume: Path, loss_name: str) -> None:
         raise DraftsmithError(
             f"distill.resume: {resume} was trained with loss {trained!r}, not {loss_name!r}; "
             "use another checkpoints directory or distill.resume=never on an empty one"
+        )
+
+
+def _check_same_kind(resume: Path, kind: str) -> None:
+    trained = read_meta(resume).get("kind", "independent")
+    if trained != kind:
+        raise DraftsmithError(
+            f"distill.resume: {resume} is a checkpoint of kind {trained}, not {kind}; "
+            "point distill.resume at one of this kind's checkpoints (or use auto)"
         )
