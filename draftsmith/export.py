@@ -1,8 +1,11 @@
-"""Export: the chosen draft as a clean HF model dir, a vLLM speculative config and a model card.
+"""Export: the chosen draft as its serving stack loads it, a vLLM speculative config and a model card.
 
 Reads `<output_dir>/eval/leaderboard.json` (written by evaluate) and writes
 `<output_dir>/export/` (or `export.output_dir`) atomically: the directory
-appears complete or not at all.
+appears complete or not at all. What the model files are is the chosen row's kind's
+business (draftsmith/kinds.py): an independent draft is a clean HF model dir (vLLM
+method `draft_model`, or transformers' `assistant_model=`), an eagle3 head the
+speculators layout (vLLM method `eagle3`), validated before the rename.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from draftsmith.config import Config
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate.report import format_comparison
 from draftsmith.io import atomic_dir, atomic_write_json
+from draftsmith.kinds import get_kind
 from draftsmith.models import load_tokenizer, resolve_model
 from draftsmith.vocab import match_vocab_rows, token_id_count
 
@@ -148,12 +152,19 @@ def _training(cfg: Config, row: dict) -> str:
         return "none: the untrained initialisation ranked best"
     if role == "baseline":
         return "an external draft (evaluate.baselines), not trained by this run"
+    ttt = ""
+    if row.get("kind", "independent") == "eagle3":
+        e = cfg.draft.eagle3
+        ttt = f", training-time test {e.ttt_steps} steps (step weights {e.ttt_loss_decay}^j)"
     if role == "ce_twin":
         return (
             f"ce (plain cross-entropy on the target's outputs: the run's distill.ce_baseline "
-            f"twin, which ranked above the {d.loss} draft), {steps} steps, {batch}"
+            f"twin, which ranked above the {d.loss} draft), {steps} steps, {batch}{ttt}"
         )
-    return f"{d.loss} (teacher: {d.teacher}, temperature {d.temperature}), {steps} steps, {batch}"
+    teacher = "online" if ttt else d.teacher  # a head learns from the forward it reads
+    return (
+        f"{d.loss} (teacher: {teacher}, temperature {d.temperature}), {steps} steps, {batch}{ttt}"
+    )
 
 
 def _comparisons(board: dict) -> str:
@@ -184,15 +195,62 @@ def assistant_generation_config(path: Path, k: int) -> None:
     atomic_write_json(path, {**gc, **fixed_k_assistant(k)})
 
 
-def model_card(cfg: Config, board: dict, row: dict, k: int, out: Path) -> str:
-    spec = json.dumps(speculative_config(out, k))
+def _initialisation(cfg: Config, row: dict, out: Path) -> str:
+    """The card's description of what the draft is: its kind and how it started."""
+    if row.get("kind", "independent") == "eagle3":
+        head = json.loads((out / "config.json").read_text())
+        return (
+            f"eagle3 head (one decoder layer on the target's hidden states of layers "
+            f"{head['eagle_aux_hidden_state_layer_ids']}, draft vocabulary of "
+            f"{head['draft_vocab_size']} tokens, norm_before_residual "
+            f"{str(head['norm_before_residual']).lower()})"
+        )
+    return (
+        "independent draft: "
+        + cfg.draft.init
+        + (
+            f" ({cfg.draft.num_layers} layers, {cfg.draft.layer_selection})"
+            if cfg.draft.init == "from_target"
+            else ""
+        )
+    )
+
+
+def _usage(row: dict, spec: str, target_path: str, out: Path, k: int) -> str:
+    """How to serve it: vLLM for both kinds; transformers' assistant_model for a causal LM."""
+    vllm = f"""vLLM:
+```
+vllm serve {target_path} --speculative-config '{spec}'
+```"""
+    if row.get("kind", "independent") == "eagle3":
+        return f"""{vllm}
+(vLLM's default model runner: it keeps this head's reduced lm_head; see draftsmith's README,
+section vLLM, for VLLM_USE_V2_MODEL_RUNNER.)
+draftsmith's own engine:
+```python
+from draftsmith.eagle3_export import load_eagle3
+from draftsmith.evaluate.eagle3_proposer import Eagle3Proposer
+from draftsmith.evaluate.engine import SpeculativeDecoder
+head = load_eagle3("{out.resolve()}", target)  # target: the verifier, loaded with transformers
+out = SpeculativeDecoder(target, Eagle3Proposer(head), k={k}).generate(prompt_ids, 64).tokens
+```"""
+    return f"""{vllm}
+transformers:
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+target = AutoModelForCausalLM.from_pretrained("{target_path}")
+draft = AutoModelForCausalLM.from_pretrained("{out.resolve()}")
+tok = AutoTokenizer.from_pretrained("{out.resolve()}")
+inputs = tok("Hello", return_tensors="pt")
+out = target.generate(**inputs, assistant_model=draft, do_sample=False)  # k={k}: generation_config.json
+```"""
+
+
+def model_card(cfg: Config, board: dict, row: dict, k: int, out: Path, spec: dict) -> str:
+    """`out`: the export's files (its final place or the temp dir it is built in)."""
     target = board.get("target", cfg.target.model)
     target_path = resolve_model(cfg.target.model)  # a dir or hub id that vLLM can load
-    init = cfg.draft.init + (
-        f" ({cfg.draft.num_layers} layers, {cfg.draft.layer_selection})"
-        if cfg.draft.init == "from_target"
-        else ""
-    )
+    init = _initialisation(cfg, row, out)
     cats = "\n".join(
         f"| {c} | {_fmt(v.get('acceptance_rate'))} | {_fmt(v.get('mean_accepted_length'), 2)} | "
         f"{v.get('num_prompts', '')} |"
@@ -213,6 +271,7 @@ changes speed.
 
 ## Draft
 - checkpoint: `{row["checkpoint"]}` (step {row.get("trained_steps", row.get("step"))}), chosen by `{board.get("select_metric")}`
+- kind: {row.get("kind", "independent")}
 - initialisation: {init}
 - training: {_training(cfg, row)}
 
@@ -248,19 +307,7 @@ Per-position acceptance (given the position was reached): {positions}
 {sweep}
 
 ## Use it
-vLLM:
-```
-vllm serve {target_path} --speculative-config '{spec}'
-```
-transformers:
-```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
-target = AutoModelForCausalLM.from_pretrained("{target_path}")
-draft = AutoModelForCausalLM.from_pretrained("{out.resolve()}")
-tok = AutoTokenizer.from_pretrained("{out.resolve()}")
-inputs = tok("Hello", return_tensors="pt")
-out = target.generate(**inputs, assistant_model=draft, do_sample=False)  # k={k}: generation_config.json
-```
+{_usage(row, json.dumps(spec), target_path, Path(spec["model"]), k)}
 """
 
 
@@ -278,6 +325,54 @@ def _log_artifact(cfg: Config, out: Path, row: dict) -> None:
         run.log_artifact(art)
 
 
+def export_independent(cfg: Config, row: dict, k: int, tmp: Path, out: Path) -> None:
+    """An independent draft: its HF model dir on the target's row count, set to draft k."""
+    copy_model_files(Path(row["path"]), tmp)
+    match_target_vocab(cfg, tmp)
+    assistant_generation_config(tmp / "generation_config.json", k)
+    atomic_write_json(tmp / "speculative_config.json", speculative_config(out, k))
+
+
+def target_embeddings(cfg: Config):
+    """The target's input embedding module (read from its safetensors files where they
+    name it, so a large target is not loaded whole; else from the loaded model, on CPU)."""
+    import torch
+    from safetensors import safe_open
+
+    root = Path(resolve_model(cfg.target.model, "target.model"))
+    index = root / "model.safetensors.index.json"
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        if index.is_file()
+        else ["model.safetensors"]
+    )
+    for name in files:
+        if not (root / name).is_file():
+            continue
+        with safe_open(root / name, "pt") as f:
+            names = f.keys()  # safe_open is not iterable
+            key = next((k for k in names if k.endswith("embed_tokens.weight")), None)
+            if key is not None:
+                return torch.nn.Embedding.from_pretrained(f.get_tensor(key).float(), freeze=True)
+    from draftsmith.models import load_target
+
+    return load_target(cfg.target, torch.device("cpu"), torch.float32).get_input_embeddings()
+
+
+def export_eagle3(cfg: Config, row: dict, k: int, tmp: Path, out: Path) -> None:
+    """An eagle3 head in the speculators layout vLLM serves as method `eagle3`, validated."""
+    from draftsmith.eagle3_export import load_eagle3, validate_eagle3_export, write_eagle3
+    from draftsmith.models import load_target_config
+
+    head = load_eagle3(row["path"])  # a checkpoint holds no embeddings: the target's go in
+    include = cfg.draft.eagle3.include_embeddings
+    if include:
+        head.attach_embeddings(target_embeddings(cfg))
+    target_path = resolve_model(cfg.target.model, "target.model")
+    write_eagle3(head, tmp, load_target_config(cfg.target), target_path, k, include, final_path=out)
+    validate_eagle3_export(tmp)
+
+
 def run_export(cfg: Config) -> Path:
     out = export_dir(cfg)
     if out.exists() and not cfg.export.overwrite:
@@ -289,13 +384,12 @@ def run_export(cfg: Config) -> Path:
         or row.get("num_speculative_tokens")
         or cfg.evaluate.num_speculative_tokens
     )
+    kind = get_kind(row.get("kind", "independent"))
     with atomic_dir(out, overwrite=cfg.export.overwrite) as tmp:
-        copy_model_files(Path(row["path"]), tmp)
-        match_target_vocab(cfg, tmp)
-        assistant_generation_config(tmp / "generation_config.json", k)
-        atomic_write_json(tmp / "speculative_config.json", speculative_config(out, k))
+        kind.export(cfg, row, k, tmp, out)
+        spec = json.loads((tmp / "speculative_config.json").read_text())
         atomic_write_json(tmp / "leaderboard_row.json", row)
-        (tmp / "README.md").write_text(model_card(cfg, board, row, k, out))
+        (tmp / "README.md").write_text(model_card(cfg, board, row, k, tmp, spec))
     _log_artifact(cfg, out, row)
-    print(f"exported {row['checkpoint']} to {out} (recommended k={k})")
+    print(f"exported {row['checkpoint']} ({kind.name}) to {out} (recommended k={k})")
     return out

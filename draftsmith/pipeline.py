@@ -43,7 +43,21 @@ def _already_exported(cfg: Config) -> bool:
     return json.loads(row_path.read_text())["checkpoint"] == wanted
 
 
+def preflight(cfg: Config) -> None:
+    """Checks of the configured kinds against the target's config and tokenizer (no
+    weights), so a target an eagle3 head cannot be built on fails before generate runs."""
+    if cfg.draft.kinds == ["independent"] or "distill" not in cfg.run.stages:
+        return
+    from draftsmith.kinds import check_target
+    from draftsmith.models import load_target_config, load_target_tokenizer
+    from draftsmith.vocab import token_id_count
+
+    num_ids = token_id_count(load_target_tokenizer(cfg.target))
+    check_target(cfg, load_target_config(cfg.target), num_ids)
+
+
 def run_pipeline(cfg: Config) -> None:
+    preflight(cfg)
     for stage in cfg.run.stages:
         if stage == "export" and _already_exported(cfg):
             from draftsmith.export import export_dir

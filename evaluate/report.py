@@ -25,9 +25,15 @@ METRIC_COLUMNS = (
     ("tokens_per_s", "tok/s", "{:.1f}"),
 )
 METRIC_KEYS = tuple(key for key, _, _ in METRIC_COLUMNS)
-TABLE_COLUMNS = (("checkpoint", "checkpoint", "{}"), ("step", "step", "{}"), *METRIC_COLUMNS)
+TABLE_COLUMNS = (
+    ("checkpoint", "checkpoint", "{}"),
+    ("kind", "kind", "{}"),
+    ("step", "step", "{}"),
+    *METRIC_COLUMNS,
+)
 CSV_FIELDS = (
     "checkpoint",
+    "kind",
     "step",
     *METRIC_KEYS,
     "num_speculative_tokens",

@@ -36,6 +36,7 @@ from draftsmith.evaluate.ranking import (
     sweep_entry,
 )
 from draftsmith.io import atomic_write_json, clean_stale_temps, kill_hook
+from draftsmith.kinds import proposer_for
 from draftsmith.models import (
     check_tokenizers_compatible,
     eos_token_ids,
@@ -203,8 +204,8 @@ class NativeEvaluator:
         hit = self.cached(draft, k)
         if hit:
             return hit
-        if draft["name"] not in self._draft_cache:
-            self._draft_cache = {draft["name"]: self.models.draft(draft)}  # keep one draft loaded
+        if draft["name"] not in self._draft_cache:  # keep one draft loaded, as its kind's proposer
+            self._draft_cache = {draft["name"]: proposer_for(draft, self.models)}
         decoder = SpeculativeDecoder(
             self.models.target(),
             self._draft_cache[draft["name"]],
@@ -233,6 +234,7 @@ def build_row(draft: dict, path: str, data: dict, base: list[dict], cfg: Config,
     cats = [r["category"] for r in spec]
     return {
         "checkpoint": draft["name"],
+        "kind": draft.get("kind", "independent"),
         "path": path,
         "step": draft["step"],
         "role": draft.get("role"),
@@ -282,19 +284,21 @@ def compare_drafts(drafts: list[dict], per_prompt: dict[str, list[dict]], seed: 
     training beats doing nothing); the paired bootstrap interval says whether the prompts
     measured can tell the drafts apart.
     """
-    distilled = [d for d in drafts if d.get("role") == "distilled"]
-    if not distilled:
-        return []
-    last = distilled[-1]
     out = []
-    for other in (d for d in drafts if d.get("role") in ("ce_twin", "init")):
-        diff = metrics.paired_acceptance_diff(
-            per_prompt[last["name"]], per_prompt[other["name"]], seed=seed
-        )
-        if diff is not None:
-            out.append(
-                {"draft": last["name"], "against": other["name"], "role": other["role"], **diff}
+    for kind in dict.fromkeys(d.get("kind", "independent") for d in drafts):  # each kind's own
+        mine = [d for d in drafts if d.get("kind", "independent") == kind]
+        distilled = [d for d in mine if d.get("role") == "distilled"]
+        if not distilled:
+            continue
+        last = distilled[-1]
+        for other in (d for d in mine if d.get("role") in ("ce_twin", "init")):
+            diff = metrics.paired_acceptance_diff(
+                per_prompt[last["name"]], per_prompt[other["name"]], seed=seed
             )
+            if diff is not None:
+                out.append(
+                    {"draft": last["name"], "against": other["name"], "role": other["role"], **diff}
+                )
     return out
 
 
@@ -305,7 +309,7 @@ def run_evaluate(cfg: Config) -> None:
     clean_stale_temps(eval_dir)
     clean_stale_temps(results_dir)
     prompts = select_prompts(load_prompts(cfg.output_dir), ev.max_prompts)
-    drafts = list_drafts(cfg.output_dir, ev.baselines, cfg.distill.ce_baseline)
+    drafts = list_drafts(cfg.output_dir, ev.baselines, cfg.distill.ce_baseline, cfg.draft.kinds)
     if ev.backend == "vllm":
         from draftsmith.evaluate.vllm_backend import vllm_rows
 

@@ -27,6 +27,7 @@ import time
 from draftsmith.config import Config
 from draftsmith.evaluate import metrics
 from draftsmith.evaluate.ranking import check_lossless, draft_path, pick_best, sweep_entry
+from draftsmith.kinds import get_kind
 from draftsmith.models import resolve_model
 from draftsmith.vllm_compat import engine_kwargs, import_vllm
 
@@ -98,16 +99,10 @@ def summary_from_counts(
 # ----------------------------------------------------------------------------- running vLLM
 
 
-def _make_llm(vllm, cfg: Config, target: str, draft: str | None, k: int):
+def _make_llm(vllm, cfg: Config, target: str, draft: str | None, k: int, kind: str = "independent"):
     spec = None
-    if draft is not None:
-        # vLLM (0.15) runs an independent draft only at the target's tensor-parallel size
-        spec = {
-            "method": "draft_model",
-            "model": draft,
-            "num_speculative_tokens": k,
-            "draft_tensor_parallel_size": cfg.evaluate.vllm.tensor_parallel_size,
-        }
+    if draft is not None:  # the draft's dir, run as its kind asks (draftsmith/kinds.py)
+        spec = get_kind(kind).vllm_speculative_config(cfg, draft, k)
     kw = engine_kwargs(cfg, cfg.evaluate.vllm, target)
     return vllm.LLM(**kw, speculative_config=spec, disable_log_stats=False)
 
@@ -180,6 +175,7 @@ def _row(draft: dict, path: str, runs: dict, base: dict, cfg: Config, k: int) ->
         ref_toks += b_out
     row = {
         "checkpoint": draft["name"],
+        "kind": draft.get("kind", "independent"),
         "path": path,
         "step": draft["step"],
         "role": draft.get("role"),
@@ -212,7 +208,7 @@ def vllm_rows(cfg: Config, prompts: list[dict], drafts: list[dict]):
 
     def measure(d: dict, k: int) -> dict:
         path = draft_path(d)
-        engine = _make_llm(vllm, cfg, target, path, k)
+        engine = _make_llm(vllm, cfg, target, path, k, d.get("kind", "independent"))
         runs = _generate_by_category(vllm, engine, prompts, cfg, k)
         _release(engine)
         return _row(d, path, runs, base, cfg, k)

@@ -127,7 +127,8 @@ def test_evaluate_ranks_checkpoints_and_writes_reports(run_dir, capsys):
     assert [s["k"] for s in board["k_sweep"]] == [1, 3]
     assert board["recommended_k"] in (1, 3)
     csv = (run_dir / "eval" / "leaderboard.csv").read_text().splitlines()
-    assert csv[0].startswith("checkpoint,step,acceptance_rate") and len(csv) == 4
+    assert csv[0].startswith("checkpoint,kind,step,acceptance_rate") and len(csv) == 4
+    assert all(line.split(",")[1] == "independent" for line in csv[1:])
     for name in ("acceptance_vs_step.png", "per_position_best.png", "k_sweep.png"):
         assert (run_dir / "eval" / name).stat().st_size > 1000
     printed = capsys.readouterr().out
