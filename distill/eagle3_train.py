@@ -35,10 +35,23 @@ from torch import Tensor, nn
 
 from draftsmith.config import Config
 from draftsmith.distill.batching import Batch
+from draftsmith.distill.checkpoint import read_meta
+from draftsmith.distill.init import flops_per_token
 from draftsmith.distill.losses import TokenSum, cross_entropy, distill_loss
 from draftsmith.draft_vocab import build_draft_vocab
-from draftsmith.eagle3 import Eagle3Head, head_inputs, select_aux_hidden, shift_left
-from draftsmith.models import pick_dtype
+from draftsmith.eagle3 import (
+    Eagle3Head,
+    check_aux_layer_ids,
+    default_aux_layer_ids,
+    head_inputs,
+    layer_config_from_target,
+    select_aux_hidden,
+    shift_left,
+)
+from draftsmith.eagle3_export import load_eagle3, write_eagle3
+from draftsmith.errors import ConfigError
+from draftsmith.models import count_parameters, pick_dtype, resolve_model
+from draftsmith.vocab import token_id_count
 
 
 def batch_target_dtype(cfg: Config, device: torch.device) -> torch.dtype:
@@ -241,6 +254,118 @@ def trainable_parameters(head: Eagle3Head, train_lm_head: bool) -> list:
 def write_head(head: Eagle3Head, path: Path, target_config, verifier: str, k: int) -> None:
     """A checkpoint's model files: the speculators layout without the target's embeddings
     (the target supplies them when it is loaded: load_eagle3(path, target))."""
-    from draftsmith.eagle3_export import write_eagle3
-
     write_eagle3(head, path, target_config, verifier, k, include_embeddings=False)
+
+
+# ----------------------------------------------------------------------------- the loop's view
+
+
+class Eagle3Training:
+    """What the loop (distill/train.py) needs from the eagle3 kind: the same methods as
+    train.IndependentTraining (draftsmith/kinds.py registers both)."""
+
+    name = "eagle3"
+
+    def check_target(self, cfg: Config, target_config, num_ids: int) -> None:
+        """One ConfigError line for a target the configured head cannot be built on."""
+        e = cfg.draft.eagle3
+        layer_config_from_target(target_config)  # a supported family
+        n = target_config.get_text_config().num_hidden_layers
+        if e.aux_layer_ids is None:
+            default_aux_layer_ids(n)
+        else:
+            check_aux_layer_ids(e.aux_layer_ids, n)
+        if e.draft_vocab_size > num_ids:
+            raise ConfigError(
+                f"draft.eagle3.draft_vocab_size: {e.draft_vocab_size} is more than the "
+                f"target's {num_ids} token ids; set at most {num_ids}"
+            )
+
+    def reads_topk(self, cfg: Config, loss_name: str) -> bool:
+        return False  # its teacher comes from the forward that gives it the hidden states
+
+    def teacher_name(self, cfg: Config, loss_name: str) -> str:
+        return "online"
+
+    def needs_target_weights(self, cfg: Config, loss_name: str, resume) -> bool:
+        return True  # it reads the target's hidden states, CE twin included
+
+    def target_dtype(self, cfg: Config, device):
+        return batch_target_dtype(cfg, device)
+
+    def load_draft(self, cfg, resume, target, target_tok, target_config, data, device):
+        """(head, tokenizer, init description, extra meta): built fresh or resumed."""
+        dtype = torch.float32 if cfg.draft.dtype == "auto" else getattr(torch, cfg.draft.dtype)
+        num_ids = token_id_count(target_tok)
+        rows = target_config.get_text_config().vocab_size
+        counts = completion_token_counts(data.dataset, rows, num_ids)
+        if resume is None:
+            head, init, _ = build_head(cfg, target, data.dataset, num_ids)
+        else:
+            head, init = load_eagle3(resume, target), read_meta(resume)["init"]
+        head = head.to(device=device, dtype=dtype).train()
+        meta = {
+            "aux_layer_ids": head.aux_layer_ids,
+            "draft_vocab_size": head.vocab.size,
+            "draft_vocab_coverage": vocab_coverage(counts, head.t2d.cpu()),
+            "ttt_steps": cfg.draft.eagle3.ttt_steps,
+        }
+        return head, target_tok, init, meta
+
+    def describe(self, head: Eagle3Head, target_config, say) -> dict:
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            target = AutoModelForCausalLM.from_config(target_config)
+        params = count_parameters(head)  # the target's embeddings are not the head's
+        info = {
+            "draft_params": params,
+            "target_params": count_parameters(target),
+            "flops_ratio": 2 * params / flops_per_token(target),
+        }
+        say(
+            f"eagle3 head: {params / 1e6:.2f}M params (fc, 1 layer, norm, {head.vocab.size}-row "
+            f"lm_head), target {info['target_params'] / 1e6:.2f}M; FLOPs/token ratio "
+            f"{info['flops_ratio']:.3f}"
+        )
+        return info
+
+    def training_modules(self, cfg: Config, loss_name: str, head, target, num_ids: int):
+        """(teacher, the module accelerate prepares)."""
+        return Eagle3Teacher(target, head), HeadUnroll(head, cfg.draft.eagle3.ttt_steps, num_ids)
+
+    def trainable_parameters(self, cfg: Config, head: Eagle3Head) -> list:
+        return trainable_parameters(head, cfg.draft.eagle3.train_lm_head)
+
+    def loss_weights(self, cfg: Config) -> list[float]:
+        e = cfg.draft.eagle3
+        return [e.ttt_loss_decay**j for j in range(e.ttt_steps)]
+
+    def token_counts(self, tr, batch: Batch) -> list[float]:
+        return ttt_token_counts(tr.loss_name, batch, tr.cfg.draft.eagle3.ttt_steps, tr.draft.t2d)
+
+    def loss_parts(self, tr, batch: Batch, on_policy: bool) -> list[TokenSum]:
+        d = tr.cfg.distill
+        with tr.accelerator.autocast():
+            aux, teacher = tr.teacher(batch)  # no grad: (B, L, 3d), (N, Vd)
+            step_logits = tr.model(aux, batch.input_ids, batch.attention_mask)
+        return ttt_loss_parts(
+            tr.loss_name,
+            step_logits,
+            teacher,
+            batch,
+            tr.draft.t2d,
+            temperature=d.temperature,
+            beta=d.beta,
+            ce_weight=d.ce_weight,
+        )
+
+    def model_writer(self, tr):
+        """The checkpoint's model files (write_head), written into a temp dir."""
+        verifier = resolve_model(tr.cfg.target.model, "target.model")
+        k = tr.cfg.evaluate.num_speculative_tokens
+
+        def write(path: Path) -> None:
+            write_head(tr.draft, path, tr.target_config, verifier, k)
+
+        return write

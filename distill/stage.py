@@ -17,6 +17,7 @@ def run_distill(cfg: Config) -> None:
     """
     for name in cfg.draft.kinds:
         kind = get_kind(name)
-        train_draft(cfg, kind.checkpoints_dir(cfg.output_dir), kind=name)
+        train_draft(cfg, kind.checkpoints_dir(cfg.output_dir), kind=kind.training())
         if cfg.distill.ce_baseline and cfg.distill.loss != "ce":
-            train_draft(cfg, kind.ce_dir(cfg.output_dir), loss_override="ce", kind=name)
+            ce_dir = kind.ce_dir(cfg.output_dir)
+            train_draft(cfg, ce_dir, loss_override="ce", kind=kind.training())

@@ -58,7 +58,6 @@ from draftsmith.distill.teacher import (
 )
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.io import clean_stale_temps
-from draftsmith.kinds import DraftKind, get_kind
 from draftsmith.models import (
     count_parameters,
     load_target,
@@ -87,7 +86,7 @@ class Trainer:
     tokenizer: object
     meta: dict
     checkpoints_dir: Path
-    kind: DraftKind  # draftsmith.kinds: what differs between kinds of draft
+    kind: object  # the kind's training side: IndependentTraining, eagle3_train.Eagle3Training
     target_config: object
     step: int = 0
     history: list[float] = field(default_factory=list)
@@ -332,9 +331,7 @@ def describe(draft, target_config, say) -> dict:
     return info
 
 
-def setup(
-    cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | None, kind: DraftKind
-) -> Trainer:
+def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | None, kind) -> Trainer:
     from transformers import get_cosine_schedule_with_warmup
 
     dcfg = cfg.distill
@@ -367,7 +364,7 @@ def setup(
         "kind": kind.name,
         "init": init,
         "loss_name": loss_name,
-        "teacher": "online" if kind.name == "eagle3" else dcfg.teacher,
+        "teacher": kind.teacher_name(cfg, loss_name),
         "max_steps": dcfg.max_steps,
         "target": cfg.target.model,
         **info,
@@ -397,6 +394,65 @@ def setup(
 
 def _target_config(cfg: Config, target):
     return target.config if target is not None else load_target_config(cfg.target)
+
+
+class IndependentTraining:
+    """What the loop needs from the independent kind (draftsmith/kinds.py registers it);
+    distill/eagle3_train.py's Eagle3Training has the same methods for the eagle3 head."""
+
+    name = "independent"
+
+    def check_target(self, cfg: Config, target_config, num_ids: int) -> None:
+        return None  # distill/init.py checks its own keys when it builds the draft
+
+    def reads_topk(self, cfg: Config, loss_name: str) -> bool:
+        return loss_name != "ce" and cfg.distill.teacher == "offline"
+
+    def teacher_name(self, cfg: Config, loss_name: str) -> str:
+        return cfg.distill.teacher
+
+    def needs_target_weights(self, cfg: Config, loss_name: str, resume) -> bool:
+        return _needs_target_weights(cfg, loss_name, resume)
+
+    def target_dtype(self, cfg: Config, device):
+        return None  # target.dtype (models.load_target)
+
+    def load_draft(self, cfg, resume, target, target_tok, target_config, data, device):
+        """(draft, tokenizer, init description, extra meta): built fresh or resumed."""
+        draft, tok, init = load_draft(cfg, resume, target, target_tok, target_config, device)
+        return draft, tok, init, {}
+
+    def describe(self, draft, target_config, say) -> dict:
+        return describe(draft, target_config, say)
+
+    def training_modules(self, cfg: Config, loss_name: str, draft, target, num_ids: int):
+        """(teacher or None, the module accelerate prepares)."""
+        teacher = None
+        if _uses_target(cfg, loss_name):
+            target.requires_grad_(False)
+            teacher = CompletionLogits(target.eval(), num_ids)
+        return teacher, CompletionLogits(draft, num_ids)
+
+    def trainable_parameters(self, cfg: Config, draft) -> list:
+        return trainable_parameters(draft, cfg.distill.freeze_embeddings)
+
+    def loss_weights(self, cfg: Config) -> list[float]:
+        return [1.0]
+
+    def token_counts(self, tr: Trainer, batch: Batch) -> list[float]:
+        return [float(batch.num_tokens)]
+
+    def loss_parts(self, tr: Trainer, batch: Batch, on_policy: bool) -> list[TokenSum]:
+        return independent_loss_parts(tr, batch, on_policy)
+
+    def model_writer(self, tr: Trainer):
+        """The checkpoint's model files (an HF model dir), written into a temp dir."""
+
+        def write(path: Path) -> None:
+            tr.draft.save_pretrained(path)
+            tr.tokenizer.save_pretrained(path)
+
+        return write
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -444,18 +500,16 @@ def run_loop(tr: Trainer, run) -> None:
 
 
 def train_draft(
-    cfg: Config,
-    checkpoints_dir: Path,
-    loss_override: str | None = None,
-    kind: str = "independent",
+    cfg: Config, checkpoints_dir: Path, loss_override: str | None = None, kind=None
 ) -> Path:
-    """Train a draft of `kind` (draftsmith.kinds) into `checkpoints_dir`; returns the final
-    checkpoint's path.
+    """Train a draft into `checkpoints_dir`; returns the final checkpoint's path.
 
-    `loss_override` trains a twin with another loss (e.g. "ce") on the same data, steps
-    and init, for ablations. Resumable per distill.resume; a finished run returns at once.
+    `kind`: the training side of a kind of draft (draftsmith/kinds.py `training()`);
+    default the independent draft (IndependentTraining). `loss_override` trains a twin with
+    another loss (e.g. "ce") on the same data, steps and init, for ablations. Resumable
+    per distill.resume; a finished run returns at once.
     """
-    kind = get_kind(kind)
+    kind = kind or IndependentTraining()
     checkpoints_dir = Path(checkpoints_dir)
     dcfg = cfg.distill
     loss_name = loss_override or dcfg.loss

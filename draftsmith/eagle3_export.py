@@ -30,12 +30,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from torch import nn
 
+from draftsmith.config import Config
 from draftsmith.draft_vocab import DraftVocab, vocab_problem
 from draftsmith.eagle3 import Eagle3Head
 from draftsmith.errors import DraftsmithError
 from draftsmith.io import atomic_dir, atomic_write_json
+from draftsmith.models import load_target, load_target_config, resolve_model
 
 WEIGHTS = "model.safetensors"
 LAYER_KEYS = (
@@ -313,3 +316,40 @@ def load_eagle3(path: str | Path, target=None) -> Eagle3Head:
     )
     head.load_state_dict(weights, strict=True)
     return head if target is None else head.to(next(target.parameters()).device)
+
+
+# ----------------------------------------------------------------------------- the export stage
+
+
+def target_embeddings(cfg: Config):
+    """The target's input embedding module (read from its safetensors files where they
+    name it, so a large target is not loaded whole; else from the loaded model, on CPU)."""
+    from safetensors import safe_open
+
+    root = Path(resolve_model(cfg.target.model, "target.model"))
+    index = root / "model.safetensors.index.json"
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        if index.is_file()
+        else ["model.safetensors"]
+    )
+    for name in files:
+        if not (root / name).is_file():
+            continue
+        with safe_open(root / name, "pt") as f:
+            names = f.keys()  # safe_open is not iterable
+            key = next((k for k in names if k.endswith("embed_tokens.weight")), None)
+            if key is not None:
+                return nn.Embedding.from_pretrained(f.get_tensor(key).float(), freeze=True)
+    return load_target(cfg.target, torch.device("cpu"), torch.float32).get_input_embeddings()
+
+
+def export_eagle3(cfg: Config, row: dict, k: int, tmp: Path, out: Path) -> None:
+    """An eagle3 head in the speculators layout vLLM serves as method `eagle3`, validated."""
+    head = load_eagle3(row["path"])  # a checkpoint holds no embeddings: the target's go in
+    include = cfg.draft.eagle3.include_embeddings
+    if include:
+        head.attach_embeddings(target_embeddings(cfg))
+    target_path = resolve_model(cfg.target.model, "target.model")
+    write_eagle3(head, tmp, load_target_config(cfg.target), target_path, k, include, final_path=out)
+    validate_eagle3_export(tmp)

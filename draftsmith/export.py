@@ -12,31 +12,18 @@ from __future__ import annotations
 
 import json
 import platform
-import shutil
 from pathlib import Path
 
 from draftsmith.config import Config
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate.report import format_comparison
+from draftsmith.hf_export import (  # noqa: F401 (re-exported: callers import them from here)
+    assistant_generation_config,
+    fixed_k_assistant,
+)
 from draftsmith.io import atomic_dir, atomic_write_json
 from draftsmith.kinds import get_kind
-from draftsmith.models import load_tokenizer, resolve_model
-from draftsmith.vocab import match_vocab_rows, token_id_count
-
-# What a serving stack needs from a checkpoint dir; train state stays behind.
-MODEL_FILES = (
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-)
+from draftsmith.models import resolve_model
 
 
 def export_dir(cfg: Config) -> Path:
@@ -63,57 +50,6 @@ def choose_row(board: dict, checkpoint: str | None) -> dict:
     raise DraftsmithError(
         f"export.checkpoint: {wanted!r} is not on the leaderboard (have: {names})"
     )
-
-
-def copy_model_files(src: Path, dest: Path) -> list[str]:
-    if not (src / "config.json").is_file():
-        raise DraftsmithError(f"export.checkpoint: {src} is not a model directory (no config.json)")
-    copied = []
-    for name in MODEL_FILES:
-        if (src / name).is_file():
-            shutil.copy2(src / name, dest / name)
-            copied.append(name)
-    for shard in sorted(src.glob("model-*.safetensors")):
-        shutil.copy2(shard, dest / shard.name)
-        copied.append(shard.name)
-    return copied
-
-
-def _vocab_size(path: str, **kw) -> int:
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(path, **kw).get_text_config().vocab_size
-
-
-def match_target_vocab(cfg: Config, model_dir: Path) -> None:
-    """Rewrite the exported draft on the target's row count, padding rows filled (vocab.py).
-
-    vLLM's `draft_model` method refuses a draft whose vocab_size differs from the target's,
-    and it does not cut rows past the tokenizer the way draftsmith's engine does: those
-    are set to the mean of the real rows (again: training moved the real ones), so greedy
-    drafting never proposes one. A draft with neither difference is left as copied.
-    """
-    t = cfg.target
-    target_rows = _vocab_size(
-        resolve_model(t.model, "target.model"),
-        trust_remote_code=t.trust_remote_code,
-        revision=t.revision,
-    )
-    num_ids = token_id_count(load_tokenizer(str(model_dir), key="export.checkpoint"))
-    remote = t.trust_remote_code
-    if _vocab_size(str(model_dir), trust_remote_code=remote) == target_rows == num_ids:
-        return
-    from transformers import AutoModelForCausalLM
-
-    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto", trust_remote_code=remote)
-    match_vocab_rows(lm, target_rows, num_ids, key="target.model")
-    for old in [*model_dir.glob("model*.safetensors"), model_dir / "model.safetensors.index.json"]:
-        old.unlink(missing_ok=True)  # save_pretrained may shard differently
-    lm.save_pretrained(model_dir)
-
-
-def speculative_config(model_dir: Path, k: int) -> dict:
-    return {"method": "draft_model", "model": str(model_dir.resolve()), "num_speculative_tokens": k}
 
 
 def _fmt(x, digits: int = 3) -> str:
@@ -152,18 +88,14 @@ def _training(cfg: Config, row: dict) -> str:
         return "none: the untrained initialisation ranked best"
     if role == "baseline":
         return "an external draft (evaluate.baselines), not trained by this run"
-    ttt = ""
-    if row.get("kind", "independent") == "eagle3":
-        e = cfg.draft.eagle3
-        ttt = f", training-time test {e.ttt_steps} steps (step weights {e.ttt_loss_decay}^j)"
+    teacher, more = get_kind(row.get("kind", "independent")).card_training(cfg)
     if role == "ce_twin":
         return (
             f"ce (plain cross-entropy on the target's outputs: the run's distill.ce_baseline "
-            f"twin, which ranked above the {d.loss} draft), {steps} steps, {batch}{ttt}"
+            f"twin, which ranked above the {d.loss} draft), {steps} steps, {batch}{more}"
         )
-    teacher = "online" if ttt else d.teacher  # a head learns from the forward it reads
     return (
-        f"{d.loss} (teacher: {teacher}, temperature {d.temperature}), {steps} steps, {batch}{ttt}"
+        f"{d.loss} (teacher: {teacher}, temperature {d.temperature}), {steps} steps, {batch}{more}"
     )
 
 
@@ -175,82 +107,12 @@ def _comparisons(board: dict) -> str:
     return "Against the run's other drafts, same prompts:\n" + "\n".join(lines) + "\n"
 
 
-def fixed_k_assistant(k: int) -> dict:
-    """Generation-config fields that make transformers' assisted generation draft k per round.
-
-    transformers reads the round size, its schedule and the confidence stop from the
-    *assistant's* generation config, not from generate()'s kwargs; its default stop
-    (threshold 0.4) drafts fewer tokens than k with a weak draft. Threshold 0: no stop.
-    """
-    return {
-        "num_assistant_tokens": k,
-        "num_assistant_tokens_schedule": "constant",
-        "assistant_confidence_threshold": 0.0,
-    }
-
-
-def assistant_generation_config(path: Path, k: int) -> None:
-    """The exported draft drafts k tokens per round as `assistant_model=`, as measured."""
-    gc = json.loads(path.read_text()) if path.is_file() else {}
-    atomic_write_json(path, {**gc, **fixed_k_assistant(k)})
-
-
-def _initialisation(cfg: Config, row: dict, out: Path) -> str:
-    """The card's description of what the draft is: its kind and how it started."""
-    if row.get("kind", "independent") == "eagle3":
-        head = json.loads((out / "config.json").read_text())
-        return (
-            f"eagle3 head (one decoder layer on the target's hidden states of layers "
-            f"{head['eagle_aux_hidden_state_layer_ids']}, draft vocabulary of "
-            f"{head['draft_vocab_size']} tokens, norm_before_residual "
-            f"{str(head['norm_before_residual']).lower()})"
-        )
-    return (
-        "independent draft: "
-        + cfg.draft.init
-        + (
-            f" ({cfg.draft.num_layers} layers, {cfg.draft.layer_selection})"
-            if cfg.draft.init == "from_target"
-            else ""
-        )
-    )
-
-
-def _usage(row: dict, spec: str, target_path: str, out: Path, k: int) -> str:
-    """How to serve it: vLLM for both kinds; transformers' assistant_model for a causal LM."""
-    vllm = f"""vLLM:
-```
-vllm serve {target_path} --speculative-config '{spec}'
-```"""
-    if row.get("kind", "independent") == "eagle3":
-        return f"""{vllm}
-(vLLM's default model runner: it keeps this head's reduced lm_head; see draftsmith's README,
-section vLLM, for VLLM_USE_V2_MODEL_RUNNER.)
-draftsmith's own engine:
-```python
-from draftsmith.eagle3_export import load_eagle3
-from draftsmith.evaluate.eagle3_proposer import Eagle3Proposer
-from draftsmith.evaluate.engine import SpeculativeDecoder
-head = load_eagle3("{out.resolve()}", target)  # target: the verifier, loaded with transformers
-out = SpeculativeDecoder(target, Eagle3Proposer(head), k={k}).generate(prompt_ids, 64).tokens
-```"""
-    return f"""{vllm}
-transformers:
-```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
-target = AutoModelForCausalLM.from_pretrained("{target_path}")
-draft = AutoModelForCausalLM.from_pretrained("{out.resolve()}")
-tok = AutoTokenizer.from_pretrained("{out.resolve()}")
-inputs = tok("Hello", return_tensors="pt")
-out = target.generate(**inputs, assistant_model=draft, do_sample=False)  # k={k}: generation_config.json
-```"""
-
-
 def model_card(cfg: Config, board: dict, row: dict, k: int, out: Path, spec: dict) -> str:
     """`out`: the export's files (its final place or the temp dir it is built in)."""
     target = board.get("target", cfg.target.model)
     target_path = resolve_model(cfg.target.model)  # a dir or hub id that vLLM can load
-    init = _initialisation(cfg, row, out)
+    kind = get_kind(row.get("kind", "independent"))
+    init = kind.card_draft(cfg, out)
     cats = "\n".join(
         f"| {c} | {_fmt(v.get('acceptance_rate'))} | {_fmt(v.get('mean_accepted_length'), 2)} | "
         f"{v.get('num_prompts', '')} |"
@@ -307,7 +169,7 @@ Per-position acceptance (given the position was reached): {positions}
 {sweep}
 
 ## Use it
-{_usage(row, json.dumps(spec), target_path, Path(spec["model"]), k)}
+{kind.card_usage(json.dumps(spec), target_path, Path(spec["model"]), k)}
 """
 
 
@@ -323,54 +185,6 @@ def _log_artifact(cfg: Config, out: Path, row: dict) -> None:
         art = wandb.Artifact(name=f"draft-{cfg.output_dir.name}", type="model", metadata=meta)
         art.add_dir(str(out))
         run.log_artifact(art)
-
-
-def export_independent(cfg: Config, row: dict, k: int, tmp: Path, out: Path) -> None:
-    """An independent draft: its HF model dir on the target's row count, set to draft k."""
-    copy_model_files(Path(row["path"]), tmp)
-    match_target_vocab(cfg, tmp)
-    assistant_generation_config(tmp / "generation_config.json", k)
-    atomic_write_json(tmp / "speculative_config.json", speculative_config(out, k))
-
-
-def target_embeddings(cfg: Config):
-    """The target's input embedding module (read from its safetensors files where they
-    name it, so a large target is not loaded whole; else from the loaded model, on CPU)."""
-    import torch
-    from safetensors import safe_open
-
-    root = Path(resolve_model(cfg.target.model, "target.model"))
-    index = root / "model.safetensors.index.json"
-    files = (
-        sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        if index.is_file()
-        else ["model.safetensors"]
-    )
-    for name in files:
-        if not (root / name).is_file():
-            continue
-        with safe_open(root / name, "pt") as f:
-            names = f.keys()  # safe_open is not iterable
-            key = next((k for k in names if k.endswith("embed_tokens.weight")), None)
-            if key is not None:
-                return torch.nn.Embedding.from_pretrained(f.get_tensor(key).float(), freeze=True)
-    from draftsmith.models import load_target
-
-    return load_target(cfg.target, torch.device("cpu"), torch.float32).get_input_embeddings()
-
-
-def export_eagle3(cfg: Config, row: dict, k: int, tmp: Path, out: Path) -> None:
-    """An eagle3 head in the speculators layout vLLM serves as method `eagle3`, validated."""
-    from draftsmith.eagle3_export import load_eagle3, validate_eagle3_export, write_eagle3
-    from draftsmith.models import load_target_config
-
-    head = load_eagle3(row["path"])  # a checkpoint holds no embeddings: the target's go in
-    include = cfg.draft.eagle3.include_embeddings
-    if include:
-        head.attach_embeddings(target_embeddings(cfg))
-    target_path = resolve_model(cfg.target.model, "target.model")
-    write_eagle3(head, tmp, load_target_config(cfg.target), target_path, k, include, final_path=out)
-    validate_eagle3_export(tmp)
 
 
 def run_export(cfg: Config) -> Path:
