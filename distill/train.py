@@ -343,11 +343,11 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
     data = TrainData(load_train_dataset(cfg.output_dir), dcfg.max_seq_len, need_topk)
     target_tok = load_target_tokenizer(cfg.target)
     num_ids = token_id_count(target_tok)  # logits past it are padding (draftsmith/vocab.py)
+    kind.check_target(cfg, load_target_config(cfg.target), num_ids)  # before any weights load
     target = None
     if kind.needs_target_weights(cfg, loss_name, resume):
         target = load_target(cfg.target, acc.device, kind.target_dtype(cfg, acc.device))
     target_config = _target_config(cfg, target)
-    kind.check_target(cfg, target_config, num_ids)
     draft, tok, init, kind_meta = kind.load_draft(
         cfg, resume, target, target_tok, target_config, data, acc.device
     )
