@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.io import checked_read_json, checked_read_jsonl, corrupt_file
 
-__all__ = ["load_eval_prompts", "load_train_dataset"]
+__all__ = ["HELDOUT", "load_data_meta", "load_eval_prompts", "load_train_dataset"]
+
+# The eval set of the held-out split of role=both sources (each role=eval source is a set
+# named after it); also the set of eval prompts written before eval sets existed.
+HELDOUT = "heldout"
 
 
 def _need(path: Path) -> Path:
@@ -16,16 +20,47 @@ def _need(path: Path) -> Path:
     return path
 
 
+def regenerate_hint(output_dir: str | Path) -> str:
+    """What to do about a damaged file of the finished data: make the data again."""
+    return f"delete {Path(output_dir) / 'data'} and rerun `draftsmith generate CONFIG`"
+
+
+def load_data_meta(output_dir: str | Path) -> dict:
+    """<output_dir>/data/meta.json (generate's record of what it made and with what settings)."""
+    path = Path(output_dir) / "data" / "meta.json"
+    meta = checked_read_json(path, regenerate_hint(output_dir))
+    if not isinstance(meta, dict):
+        raise corrupt_file(path, "not generate's record", regenerate_hint(output_dir))
+    return meta
+
+
 def load_train_dataset(output_dir: str | Path):
-    """The finished training data: `datasets.load_from_disk(<output_dir>/data/dataset)`."""
+    """The finished training data: `datasets.load_from_disk(<output_dir>/data/dataset)`.
+
+    A truncated or foreign arrow file, or a row count other than meta.json's, is one line
+    saying to make the data again.
+    """
     import datasets
 
     path = _need(Path(output_dir) / "data" / "dataset")
     _need(Path(output_dir) / "data" / "meta.json")  # written last: the dataset is complete
-    return datasets.load_from_disk(str(path))
+    meta = load_data_meta(output_dir)
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except (OSError, ValueError) as e:  # pyarrow: OSError or ArrowInvalid (a ValueError)
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise corrupt_file(path, f"unreadable ({detail})", regenerate_hint(output_dir)) from None
+    want = meta.get("num_completions")
+    if want is not None and len(ds) != want:
+        raise corrupt_file(
+            path, f"holds {len(ds)} rows, meta.json says {want}", regenerate_hint(output_dir)
+        )
+    return ds
 
 
 def load_eval_prompts(output_dir: str | Path) -> list[dict]:
-    """The held-out prompts: [{"id", "prompt_text", "prompt_ids", "category", "source"}, ...]."""
+    """The held-out prompts: [{"id", "prompt_text", "prompt_ids", "category", "source",
+    "eval_set", "messages", "followups"}, ...] (runs generated before eval sets lack the last
+    three)."""
     path = _need(Path(output_dir) / "data" / "eval_prompts.jsonl")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return checked_read_jsonl(path, regenerate_hint(output_dir))

@@ -3,15 +3,20 @@
     <out>/data/shards/plan.json          the settings fingerprint + every shard's prompt ids
     <out>/data/shards/shard-00003/       complete iff this name exists (temp dir, then rename)
         dataset/                         the shard's rows (datasets.save_to_disk)
-        shard.json                       its counts and generation wall time
+        shard.json                       its counts, generation wall time, row count and
+                                         the sha256 of every file under dataset/
 
-A rerun skips every finished shard. A killed run leaves at most a
-`shard-XXXXX.tmp-<pid>` dir, which the next run deletes.
+A rerun skips every finished shard whose files still match their sha256 (`is_done`);
+a shard damaged since (a truncated arrow file, a broken shard.json) is deleted and
+generated again. A killed run leaves at most a `shard-XXXXX.tmp-<pid>` dir, which
+the next run deletes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,7 +24,7 @@ from pathlib import Path
 import datasets
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.io import atomic_dir, atomic_write_json, clean_stale_temps
+from draftsmith.io import atomic_dir, atomic_write_json, checked_read_json, clean_stale_temps
 
 
 def features(topk: bool) -> datasets.Features:
@@ -34,6 +39,7 @@ def features(topk: bool) -> datasets.Features:
         "split": datasets.Value("string"),
         "sample_index": datasets.Value("int32"),
         "finish_reason": datasets.Value("string"),
+        "kind": datasets.Value("string"),  # "target" (written by it) or "score" (scored by it)
     }
     if topk:
         cols["topk_ids"] = datasets.Sequence(datasets.Sequence(datasets.Value("int32")))
@@ -67,7 +73,7 @@ def prepare(data_dir: Path, plan: dict) -> None:
     clean_stale_temps(root)
     plan_file = root / "plan.json"
     if plan_file.is_file():
-        old = json.loads(plan_file.read_text())
+        old = checked_read_json(plan_file, f"delete {root} and rerun `draftsmith generate CONFIG`")
         if old != plan:
             changed = sorted(k for k in set(old) | set(plan) if old.get(k) != plan.get(k))
             raise DraftsmithError(
@@ -78,13 +84,46 @@ def prepare(data_dir: Path, plan: dict) -> None:
     atomic_write_json(plan_file, plan)
 
 
+def file_digests(directory: Path) -> dict[str, str]:
+    """sha256 of every file below `directory`, by relative path."""
+    return {
+        f.relative_to(directory).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(directory.rglob("*"))
+        if f.is_file()
+    }
+
+
+def shard_problem(path: Path) -> str | None:
+    """Why a finished shard cannot be used (None: it is whole)."""
+    try:
+        info = json.loads((path / "shard.json").read_text())
+    except (OSError, ValueError):
+        return "shard.json is truncated or unreadable"
+    if "files" not in info:
+        return None  # written before shards carried digests: trusted as before
+    if file_digests(path / "dataset") != info["files"]:
+        return "its files differ from the sha256 in shard.json (truncated or changed)"
+    return None
+
+
 def is_done(data_dir: Path, i: int) -> bool:
-    return (shard_path(data_dir, i) / "shard.json").is_file()
+    """True for a finished, whole shard; a damaged one is deleted so it is generated again."""
+    path = shard_path(data_dir, i)
+    if not (path / "shard.json").is_file():
+        return False
+    problem = shard_problem(path)
+    if problem is None:
+        return True
+    print(f"generate: {path.name} is damaged ({problem}); generating it again")
+    shutil.rmtree(path)
+    return False
 
 
 def write_shard(data_dir: Path, i: int, rows: dict[str, list], info: dict, topk: bool) -> None:
     with quiet_datasets(), atomic_dir(shard_path(data_dir, i), overwrite=True) as tmp:
-        datasets.Dataset.from_dict(rows, features=features(topk)).save_to_disk(str(tmp / "dataset"))
+        ds = datasets.Dataset.from_dict(rows, features=features(topk))
+        ds.save_to_disk(str(tmp / "dataset"))
+        info = {**info, "rows": len(ds), "files": file_digests(tmp / "dataset")}
         (tmp / "shard.json").write_text(json.dumps(info, indent=2) + "\n")
 
 

@@ -18,10 +18,12 @@ Problems a user can cause (missing file, missing field, no prompts) raise one
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gzip
 import io
 import json
 import re
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
@@ -58,6 +60,9 @@ class Prompt:
     # target's own answer; not part of the prompt's identity.
     followups: tuple[str, ...] = ()
     id: str | None = None  # the source's own id (MT-bench question_id), when it has one
+    # kind=score sources: the reply the source gives to this prompt, which the target scores
+    # instead of writing its own; not part of the prompt's identity.
+    reply: str | None = None
 
     @property
     def text(self) -> str:
@@ -76,10 +81,22 @@ class Prompt:
 
 
 def _read_text(path: Path) -> str:
+    """A prompt file's text (gunzipped for .gz); not gzip or not UTF-8: one line naming it."""
     raw = path.read_bytes()
     if path.suffix == ".gz":
-        raw = gzip.decompress(raw)
-    return raw.decode("utf-8")
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
+            raise DraftsmithError(
+                f"{path}: not a complete gzip file ({e}); gzip it again, or drop the .gz suffix "
+                "if it is plain text"
+            ) from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DraftsmithError(
+            f"{path}: not UTF-8 text (byte {e.start}); convert it to UTF-8 (e.g. iconv -t UTF-8)"
+        ) from None
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -254,7 +271,8 @@ def _sharegpt_prompts(src: PromptSource, where: str) -> list[tuple[Prompt, Reply
 # ----------------------------------------------------------------------------- records -> prompts
 
 
-def _messages_of(rec: dict, src: PromptSource, where: str, i: int) -> tuple[tuple[str, str], ...]:
+def _messages_of(rec: dict, src: PromptSource, where: str, i: int) -> tuple[tuple, Reply]:
+    """(the prompt's messages, the reply that followed them in the record, if any)."""
     field = src.messages_field or src.prompt_field
     if field not in rec:
         raise DraftsmithError(
@@ -265,7 +283,8 @@ def _messages_of(rec: dict, src: PromptSource, where: str, i: int) -> tuple[tupl
     if src.messages_field is None:
         if not isinstance(value, str) or not value.strip():
             raise DraftsmithError(f"{where}: record {i} field {field!r} is not a non-empty string")
-        return (("user", value),)
+        reply = rec.get(src.reply_field) if src.reply_field else None
+        return (("user", value),), reply if isinstance(reply, str) and reply.strip() else None
     if isinstance(value, str):  # CSV cells hold messages as JSON text
         try:
             value = json.loads(value)
@@ -286,11 +305,12 @@ def _messages_of(rec: dict, src: PromptSource, where: str, i: int) -> tuple[tupl
             f"{where}: record {i} field {field!r} is not a list of {{role, content}} messages"
         )
     msgs = [(m["role"], m["content"]) for m in value]
-    if msgs[-1][0] == "assistant":  # a finished conversation: the target writes the last turn
-        msgs = msgs[:-1]
+    reply = None
+    if msgs[-1][0] == "assistant":  # a finished conversation: its last turn is the reply
+        reply, msgs = msgs[-1][1], msgs[:-1]
     if not msgs:
         raise DraftsmithError(f"{where}: record {i} field {field!r} has no user turn")
-    return tuple(msgs)
+    return tuple(msgs), reply
 
 
 def _category_of(rec: dict, src: PromptSource, default: str) -> str:
@@ -323,8 +343,8 @@ def _records_prompts(src: PromptSource, where: str) -> list[tuple[Prompt, Reply]
     for i, rec in enumerate(records):
         if not isinstance(rec, dict):
             raise DraftsmithError(f"{where}: record {i} is not an object")
-        msgs = _messages_of(rec, src, where, i)
-        pairs.append((Prompt(msgs, _category_of(rec, src, default_cat), name), None))
+        msgs, reply = _messages_of(rec, src, where, i)
+        pairs.append((Prompt(msgs, _category_of(rec, src, default_cat), name), reply))
     return pairs
 
 
@@ -391,8 +411,18 @@ def _load_pairs(src: PromptSource, seed: int, index: int) -> list[tuple[Prompt, 
 
 def load_source(src: PromptSource, seed: int, index: int = 0) -> list[Prompt]:
     """One config source -> prompts (filtered, duplicates within it dropped, `limit` applied
-    by category)."""
-    return [p for p, _ in _load_pairs(src, seed, index)]
+    by category); a kind=score source's prompts carry their reply, those without one are
+    dropped (said once)."""
+    pairs = _load_pairs(src, seed, index)
+    if src.kind != "score":
+        return [p for p, _ in pairs]
+    scored = [dataclasses.replace(p, reply=r) for p, r in pairs if r and r.strip()]
+    where = source_label(src, index)
+    if not scored:
+        raise ConfigError(f"{where}: kind 'score' but none of its {len(pairs)} prompts has a reply")
+    if len(scored) < len(pairs):
+        print(f"{where}: {len(pairs) - len(scored):,} prompts without a reply to score dropped")
+    return scored
 
 
 def sharegpt_conversations(

@@ -3,7 +3,9 @@
 run_generate(cfg)
   1. load every prompt source, dedupe, split train/eval by each source's role
      (data/split.py), drop training prompts that near-duplicate an eval prompt
-     (data/neardup.py)
+     (data/neardup.py); eval prompts form named eval sets: each role=eval source its
+     own (named after the source), the held-out split of role=both sources `heldout`,
+     each capped by data.max_eval_prompts on its own
   2. render with the target's chat template, tokenize, drop/refuse too-long prompts
      (all checks happen before anything is written)
   3. generate the train prompts shard by shard (skipping finished shards)
@@ -25,9 +27,17 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from draftsmith.config import Config, PromptSource
-from draftsmith.data import shards
+from draftsmith.data import HELDOUT, load_data_meta, shards
 from draftsmith.data.neardup import EvalIndex
-from draftsmith.data.sources import Prompt, dedupe, encode, load_source, render, source_label
+from draftsmith.data.sources import (
+    Prompt,
+    dedupe,
+    encode,
+    load_source,
+    render,
+    source_label,
+    source_name,
+)
 from draftsmith.data.split import balanced_take, split_prompts
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.io import atomic_dir, atomic_write_json, atomic_write_text
@@ -38,9 +48,11 @@ from draftsmith.models import (
     load_target_generation_config,
     load_target_tokenizer,
     model_fingerprint,
+    pick_batch_dtype,
     pick_device,
     resolve_model,
 )
+from draftsmith.rundir import differing_keys, record_config
 
 TOPK_DTYPE = "float32"
 
@@ -53,6 +65,12 @@ class Encoded:
     ids: list[int]
     category: str
     source: str
+    # kind=score: the source's reply to score, tokenized and cut to max_new_tokens (+ EOS
+    # when it ends within them); None: the target writes the completion.
+    reply_ids: list[int] | None = None
+    messages: tuple[tuple[str, str], ...] = ()  # the conversation before rendering
+    followups: tuple[str, ...] = ()  # later user turns (MT-bench turn 2)
+    eval_set: str | None = None  # eval prompts: the named set it is measured in
 
 
 @dataclass
@@ -90,14 +108,35 @@ def context_limit(cfg: Config, model_config) -> int | None:
     return ctx - cfg.data.max_new_tokens
 
 
+def encode_reply(reply: str, tokenizer, max_new_tokens: int) -> list[int]:
+    """A source's reply as a completion: its tokens, cut to max_new_tokens, ending with the
+    EOS that closes the turn when the whole reply fits (as the target's own completions do)."""
+    ids = tokenizer(reply, add_special_tokens=False)["input_ids"]
+    if len(ids) < max_new_tokens and tokenizer.eos_token_id is not None:
+        return ids + [tokenizer.eos_token_id]
+    return ids[:max_new_tokens]
+
+
 def encode_all(prompts: list[Prompt], cfg: Config, tokenizer) -> list[Encoded]:
     templated = cfg.data.chat_template and bool(getattr(tokenizer, "chat_template", None))
     out = []
     for p in prompts:
         text = render(p, tokenizer, cfg.data.chat_template, cfg.data.system_prompt)
+        reply = None
+        if p.reply is not None:
+            reply = encode_reply(p.reply, tokenizer, cfg.data.max_new_tokens)
+        ids = encode(text, tokenizer, templated)
         out.append(
             Encoded(
-                prompt_id(p), p.key, text, encode(text, tokenizer, templated), p.category, p.source
+                prompt_id(p),
+                p.key,
+                text,
+                ids,
+                p.category,
+                p.source,
+                reply_ids=reply,
+                messages=p.messages,
+                followups=p.followups,
             )
         )
     return out
@@ -188,17 +227,16 @@ def prepare_prompts(cfg: Config, tokenizer, model_config) -> PreparedPrompts:
         items = encode_all(getattr(pools, role), cfg, tokenizer)
         usable[role], n = drop_too_long(items, limit, cfg.data.too_long)
         skipped += n
-    train, evals = split_prompts(
+    train, held_out = split_prompts(
         usable["both"],
         cfg.data.eval_fraction,
         cfg.run.seed,
         cfg.data.max_eval_prompts,
         train_only=usable["train_only"],
-        eval_only=usable["eval_only"],
     )
+    evals = tag_eval_sets(usable["eval_only"], held_out, cfg)
     prompt_of = {p.key: p for role in ("train_only", "both") for p in getattr(pools, role)}
-    fixed = {e.key for e in usable["eval_only"]}
-    held_out = [e for e in evals if e.key not in fixed]  # eval-only ones were guarded already
+    # eval-only prompts were guarded in load_pools already
     train, near = drop_near_duplicates(train, held_out, prompt_of)
     cap = cfg.data.max_train_prompts
     if cap is not None and len(train) > cap:
@@ -210,6 +248,29 @@ def prepare_prompts(cfg: Config, tokenizer, model_config) -> PreparedPrompts:
             f"{pools.near_duplicates + near} near-duplicates of eval prompts)"
         )
     return PreparedPrompts(train, evals, pools.duplicates, skipped, pools.near_duplicates + near)
+
+
+def tag_eval_sets(eval_only: list[Encoded], held_out: list[Encoded], cfg: Config) -> list[Encoded]:
+    """Every eval prompt tagged with its set: a role=eval source's prompts form a set named
+    after the source, the held-out split `heldout`. data.max_eval_prompts caps each set on
+    its own (the held-out split was capped by split_prompts, its surplus trained on; an
+    eval-only surplus is dropped: its source said it is never trained on). Sets in the
+    order of data.sources, `heldout` last; each ordered by split rank."""
+    for i, src in enumerate(cfg.data.sources):
+        if src.role == "eval" and source_name(src) == HELDOUT and held_out:
+            raise ConfigError(
+                f"{source_label(src, i)}: an eval source named {HELDOUT!r} would merge with the "
+                "held-out split's eval set; rename the file"
+            )
+    by_set: dict[str, list[Encoded]] = {}
+    for e in eval_only:
+        by_set.setdefault(e.source, []).append(e)
+    out = []
+    for name, items in by_set.items():
+        cap = cfg.data.max_eval_prompts
+        kept = balanced_take(items, min(cap or len(items), len(items)), cfg.run.seed)
+        out += [dataclasses.replace(e, eval_set=name) for e in kept]
+    return out + [dataclasses.replace(e, eval_set=HELDOUT) for e in held_out]
 
 
 # ----------------------------------------------------------------------------- fingerprints
@@ -235,7 +296,8 @@ def make_backend(cfg: Config, tokenizer, model_path: str):
 
     from draftsmith.data.hf_backend import HFBackend
 
-    model = load_target(cfg.target, pick_device(cfg.run.device))
+    device = pick_device(cfg.run.device)
+    model = load_target(cfg.target, device, pick_batch_dtype(cfg.target, device))
     return HFBackend(model, tokenizer, cfg.data)
 
 
@@ -266,6 +328,7 @@ def shard_rows(shard: list[Encoded], comps, tokenizer, topk: bool) -> dict[str, 
                 split="train",
                 sample_index=j,
                 finish_reason=c.finish_reason,
+                kind="target" if p.reply_ids is None else "score",
                 topk_ids=c.topk_ids,
                 topk_logprobs=c.topk_logprobs,
             )
@@ -294,18 +357,43 @@ def generate_shards(
 
     topk = cfg.data.topk_logprobs > 0
     for i in todo:
-        start = time.perf_counter()
-        comps = backend.generate([p.ids for p in plan[i]], shard_seed(cfg.run.seed, i), on_batch)
-        wall = time.perf_counter() - start
+        comps, info = complete_shard(backend, plan[i], shard_seed(cfg.run.seed, i), on_batch)
         rows = shard_rows(plan[i], comps, tokenizer, topk)
-        info = {
-            "prompts": len(plan[i]),
-            "completions": len(rows["completion_ids"]),
-            "completion_tokens": sum(map(len, rows["completion_ids"])),
-            "wall_time_s": wall,
-        }
+        info |= {"prompts": len(plan[i]), "completions": len(rows["completion_ids"])}
         shards.write_shard(data_dir, i, rows, info, topk)
     bar.close()
+
+
+def complete_shard(backend, shard: list[Encoded], seed: int, on_batch):
+    """Per prompt its completions (written by the target, or its reply scored), and the
+    shard's cost per kind: tokens, wall and process CPU seconds (CPU time is what the
+    README's per-kind comparison charges, since wall time depends on the machine's load)."""
+    comps: list = [None] * len(shard)
+    info = {"completion_tokens": 0, "wall_time_s": 0.0, "cpu_time_s": 0.0, "by_kind": {}}
+    written = [j for j, p in enumerate(shard) if p.reply_ids is None]
+    scored = [j for j, p in enumerate(shard) if p.reply_ids is not None]
+    for kind, idx in (("target", written), ("score", scored)):
+        if not idx:
+            continue
+        wall, cpu = time.perf_counter(), time.process_time()
+        if kind == "target":
+            got = backend.generate([shard[j].ids for j in idx], seed, on_batch)
+        else:
+            pairs = [(shard[j].ids, shard[j].reply_ids) for j in idx]
+            got = [[c] for c in backend.score(pairs, on_batch)]
+        cost = {
+            "prompts": len(idx),
+            "tokens": sum(len(c.token_ids) for cs in got for c in cs),
+            "wall_time_s": time.perf_counter() - wall,
+            "cpu_time_s": time.process_time() - cpu,
+        }
+        for j, cs in zip(idx, got):
+            comps[j] = cs
+        info["by_kind"][kind] = cost
+        info["completion_tokens"] += cost["tokens"]
+        info["wall_time_s"] += cost["wall_time_s"]
+        info["cpu_time_s"] += cost["cpu_time_s"]
+    return comps, info
 
 
 # ----------------------------------------------------------------------------- finishing
@@ -320,6 +408,9 @@ def eval_records(evals: list[Encoded]) -> str:
                 "prompt_ids": e.ids,
                 "category": e.category,
                 "source": e.source,
+                "eval_set": e.eval_set,
+                "messages": [list(m) for m in e.messages],
+                "followups": list(e.followups),
             },
             ensure_ascii=False,
         )
@@ -349,6 +440,7 @@ def build_meta(cfg: Config, prep: PreparedPrompts, infos: list[dict], ds, model_
         "num_prompts": len(prep.train),
         "num_train": len(prep.train),
         "num_eval_prompts": len(prep.eval),
+        "eval_sets": dict(Counter(e.eval_set for e in prep.eval)),
         "num_completions": len(ds),
         "num_prompt_tokens": sum(len(e.ids) for e in prep.train),
         "num_completion_tokens": completion_tokens,
@@ -364,9 +456,26 @@ def build_meta(cfg: Config, prep: PreparedPrompts, infos: list[dict], ds, model_
         "eos_policy": "completion_ids end with the EOS token when one was generated; nothing after it",
         "num_shards": len(infos),
         "wall_time_s": round(wall, 3),
+        "cpu_time_s": round(sum(i.get("cpu_time_s", 0.0) for i in infos), 3),
         "tokens_per_s": round(completion_tokens / wall, 2) if wall > 0 else None,
+        "by_kind": cost_by_kind(infos),
+        "batch_dtype": str(pick_batch_dtype(cfg.target, pick_device(cfg.run.device))),
         "settings": settings(cfg),
     }
+
+
+def cost_by_kind(infos: list[dict]) -> dict:
+    """Prompts, tokens and seconds per data kind over all shards (+ tokens per CPU-second)."""
+    out: dict[str, dict] = {}
+    for info in infos:
+        for kind, cost in info.get("by_kind", {}).items():
+            acc = out.setdefault(kind, dict.fromkeys(cost, 0))
+            for key, value in cost.items():
+                acc[key] += value
+    for cost in out.values():
+        cpu = cost["cpu_time_s"]
+        cost["tokens_per_cpu_s"] = round(cost["tokens"] / cpu, 2) if cpu > 0 else None
+    return out
 
 
 def finish(
@@ -387,11 +496,12 @@ def finished_meta(cfg: Config, data_dir: Path) -> dict | None:
     meta_file = data_dir / "meta.json"
     if not (meta_file.is_file() and (data_dir / "dataset").is_dir()):
         return None
-    meta = json.loads(meta_file.read_text())
+    meta = load_data_meta(cfg.output_dir)
     if meta.get("settings") != settings(cfg):
+        keys = differing_keys(meta.get("settings") or {}, settings(cfg))
         raise DraftsmithError(
-            f"{data_dir}: holds data generated with other target/data settings; delete it or use a "
-            "new run.output_dir"
+            f"{data_dir}: holds data generated with other target/data settings "
+            f"({', '.join(keys)} differ); delete it or use a new run.output_dir"
         )
     return meta
 
@@ -417,9 +527,11 @@ def run_generate(cfg: Config) -> None:
     shards.prepare(
         data_dir, {"settings": settings(cfg), "shards": [[p.id for p in s] for s in plan]}
     )
+    record_config(cfg)  # every check passed and the plan is written: the config is this run's
+    sets = ", ".join(f"{n} {c}" for n, c in Counter(e.eval_set for e in prep.eval).items())
     print(
         f"generate: {len(prep.train)} train prompts in {len(plan)} shards, {len(prep.eval)} eval "
-        f"prompts held out ({prep.duplicates} duplicates dropped, {prep.near_duplicates} "
+        f"prompts held out ({sets}; {prep.duplicates} duplicates dropped, {prep.near_duplicates} "
         f"near-duplicates of eval prompts dropped from training, {prep.skipped} too long skipped)"
     )
     generate_shards(cfg, data_dir, plan, tokenizer, model_path)

@@ -66,6 +66,24 @@ def completions_from_outputs(outputs, k: int, eos_ids: set[int]) -> list[list[Co
     return result
 
 
+def completions_from_prompt_logprobs(outputs, pairs, k: int) -> list[Completion]:
+    """Scored replies from RequestOutputs of prompt + reply requests with prompt_logprobs=k.
+
+    `prompt_logprobs[i]` is the distribution the target gave token i of the request given
+    the tokens before it (entry 0 is None), holding the top k plus the token itself; the
+    reply's token j sits at index len(prompt) + j.
+    """
+    result = []
+    for req, (prompt, reply) in zip(outputs, pairs):
+        rows = req.prompt_logprobs
+        if rows is None or len(rows) < len(prompt) + len(reply):
+            raise DraftsmithError("vLLM returned no prompt log-probs; is prompt_logprobs=k set?")
+        c = Completion(list(reply), "reference")
+        c.topk_ids, c.topk_logprobs = _topk_rows(list(rows[len(prompt) :]), k)
+        result.append(c)
+    return result
+
+
 class VllmBackend:
     def __init__(self, cfg: Config, model_path: str, eos_ids: set[int]):
         self.vllm = import_vllm("data.backend")
@@ -90,4 +108,21 @@ class VllmBackend:
         result = completions_from_outputs(outputs, self.dcfg.topk_logprobs, self.eos_ids)
         if on_batch:
             on_batch(len(prompts), sum(len(c.token_ids) for cs in result for c in cs))
+        return result
+
+    def score(
+        self,
+        pairs: list[tuple[list[int], list[int]]],
+        on_batch: Callable[[int, int], None] | None = None,
+    ) -> list[Completion]:
+        """Replies scored in one prefill each: prompt + reply as the request, one token
+        generated (and ignored), the target's top-k at every reply token from prompt_logprobs."""
+        params = self.vllm.SamplingParams(
+            max_tokens=1, temperature=0.0, prompt_logprobs=self.dcfg.topk_logprobs
+        )
+        requests = [{"prompt_token_ids": p + r} for p, r in pairs]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        result = completions_from_prompt_logprobs(outputs, pairs, self.dcfg.topk_logprobs)
+        if on_batch:
+            on_batch(len(pairs), sum(len(r) for _, r in pairs))
         return result

@@ -28,6 +28,7 @@ such tokens in the training data is printed and stored as draft_vocab_coverage).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -55,8 +56,11 @@ from draftsmith.vocab import token_id_count
 
 
 def batch_target_dtype(cfg: Config, device: torch.device) -> torch.dtype:
-    """The dtype of the target's batched forwards while the head trains: the ONE place to
-    switch to `target.batch_dtype` once that key exists (until then: target.dtype)."""
+    """The dtype of the target's batched forwards while the head trains: target.dtype.
+
+    Not target.batch_dtype (the independent draft's online teacher uses it): the head
+    shares the target's embedding module, so a bf16 target would also change the head's
+    own inputs; that trade is not measured. This is the one place to switch it."""
     return pick_dtype(cfg.target.dtype, device)
 
 
@@ -266,6 +270,13 @@ class Eagle3Training:
 
     name = "eagle3"
 
+    def draft_settings(self, cfg: Config) -> dict:
+        """The draft keys that change what the head trains (distill.checkpoint records them);
+        include_embeddings is the export's business, not training's."""
+        e = dataclasses.asdict(cfg.draft.eagle3)
+        e.pop("include_embeddings")
+        return {"dtype": cfg.draft.dtype, "eagle3": e}
+
     def check_target(self, cfg: Config, target_config, num_ids: int) -> None:
         """One ConfigError line for a target the configured head cannot be built on."""
         e = cfg.draft.eagle3
@@ -330,7 +341,7 @@ class Eagle3Training:
         )
         return info
 
-    def training_modules(self, cfg: Config, loss_name: str, head, target, num_ids: int):
+    def training_modules(self, cfg: Config, loss_name: str, head, target, num_ids: int, device):
         """(teacher, the module accelerate prepares)."""
         return Eagle3Teacher(target, head), HeadUnroll(head, cfg.draft.eagle3.ttt_steps, num_ids)
 

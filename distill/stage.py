@@ -2,9 +2,41 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from draftsmith.config import Config
+from draftsmith.distill.checkpoint import (
+    check_training_settings,
+    find_resume,
+    list_checkpoints,
+    training_settings,
+    verify_checkpoint,
+)
 from draftsmith.distill.train import train_draft
 from draftsmith.kinds import get_kind
+
+
+def _drafts(cfg: Config) -> list[tuple[Path, str, object]]:
+    """(checkpoints dir, loss, the kind's training side) of every draft this config trains:
+    each kind in draft.kind, and with distill.ce_baseline its cross-entropy twin."""
+    out = []
+    for kind in map(get_kind, cfg.draft.kinds):
+        out.append((kind.checkpoints_dir(cfg.output_dir), cfg.distill.loss, kind.training()))
+        if cfg.distill.ce_baseline and cfg.distill.loss != "ce":
+            out.append((kind.ce_dir(cfg.output_dir), "ce", kind.training()))
+    return out
+
+
+def check_distill_settings(cfg: Config) -> None:
+    """Before any work: the checkpoints on disk were trained with this config's settings,
+    and a finished draft's final checkpoint is readable (it will not be trained again)."""
+    for directory, loss, training in _drafts(cfg):
+        if cfg.distill.resume == "never":
+            find_resume(directory, "never")  # checkpoints on disk are an error of their own
+        check_training_settings(directory, training_settings(cfg, loss, training))
+        done = dict(list_checkpoints(directory)).get(cfg.distill.max_steps)
+        if done is not None:
+            verify_checkpoint(done)
 
 
 def run_distill(cfg: Config) -> None:
@@ -15,9 +47,6 @@ def run_distill(cfg: Config) -> None:
     also trains a plain cross-entropy twin (same data, steps and init) next to it, in
     ablations/ce/, for the leaderboard's comparison.
     """
-    for name in cfg.draft.kinds:
-        kind = get_kind(name)
-        train_draft(cfg, kind.checkpoints_dir(cfg.output_dir), kind=kind.training())
-        if cfg.distill.ce_baseline and cfg.distill.loss != "ce":
-            ce_dir = kind.ce_dir(cfg.output_dir)
-            train_draft(cfg, ce_dir, loss_override="ce", kind=kind.training())
+    check_distill_settings(cfg)
+    for directory, loss, training in _drafts(cfg):
+        train_draft(cfg, directory, loss_override=loss, kind=training)

@@ -20,6 +20,7 @@ global batch whatever the accumulation and process layout.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import random
 import time
@@ -47,6 +48,7 @@ from draftsmith.distill.checkpoint import (
     prune_checkpoints,
     read_meta,
     save_checkpoint,
+    training_settings,
 )
 from draftsmith.distill.init import build_draft, flops_per_token
 from draftsmith.distill.losses import TokenSum, distill_loss
@@ -59,13 +61,16 @@ from draftsmith.distill.teacher import (
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.io import clean_stale_temps
 from draftsmith.models import (
+    batched_bf16,
     count_parameters,
     load_target,
     load_target_config,
     load_target_tokenizer,
     load_tokenizer,
+    pick_batch_dtype,
     pick_device,
 )
+from draftsmith.rundir import record_config
 from draftsmith.tracking import wandb_run
 from draftsmith.vocab import token_id_count
 
@@ -90,6 +95,10 @@ class Trainer:
     target_config: object
     step: int = 0
     history: list[float] = field(default_factory=list)
+    # process CPU seconds spent in optimizer steps, over all resumes: what a run's training
+    # cost, independent of the machine's load (README compares data kinds by it)
+    cpu_seconds: float = 0.0
+    tokens_seen: int = 0  # completion tokens trained on so far (sums over epochs)
 
     @property
     def draft(self):
@@ -215,6 +224,8 @@ def train_state(tr: Trainer) -> dict:
     return {
         "step": tr.step,
         "history": list(tr.history),
+        "cpu_seconds": tr.cpu_seconds,
+        "tokens_seen": tr.tokens_seen,
         "optimizer": tr.optimizer.state_dict(),
         "scheduler": tr.scheduler.state_dict(),
         # the loss scale and its growth tracker: without them an fp16 resume restarts at
@@ -237,6 +248,8 @@ def restore_train_state(tr: Trainer, state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     random.setstate(state["python_rng"])
     tr.step, tr.history = int(state["step"]), list(state["history"])
+    tr.cpu_seconds = float(state.get("cpu_seconds", 0.0))  # absent in older checkpoints
+    tr.tokens_seen = int(state.get("tokens_seen", 0))
 
 
 def save(tr: Trainer) -> None:
@@ -248,6 +261,8 @@ def save(tr: Trainer) -> None:
             "loss": tr.history[-1] if tr.history else None,
             "loss_history": tr.history,
             "lr": tr.scheduler.get_last_lr()[0],
+            "cpu_time_s": round(tr.cpu_seconds, 3),
+            "tokens_seen": tr.tokens_seen,
         }
         write_model = tr.kind.model_writer(tr)
         save_checkpoint(tr.checkpoints_dir, tr.step, write_model, train_state(tr), meta)
@@ -264,8 +279,7 @@ def make_accelerator(cfg: Config):
     device = pick_device(cfg.run.device)
     mp = cfg.distill.mixed_precision
     if mp == "auto":
-        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        mp = "bf16" if bf16 else "no"
+        mp = "bf16" if batched_bf16(device) else "no"
     return Accelerator(mixed_precision=mp, cpu=device.type == "cpu")
 
 
@@ -332,7 +346,7 @@ def describe(draft, target_config, say) -> dict:
 
 
 def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | None, kind) -> Trainer:
-    from transformers import get_cosine_schedule_with_warmup
+    from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
     dcfg = cfg.distill
     acc = make_accelerator(cfg)
@@ -353,12 +367,15 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
     )
     say = acc.print
     info = kind.describe(draft, target_config, say)
-    teacher, module = kind.training_modules(cfg, loss_name, draft, target, num_ids)
+    teacher, module = kind.training_modules(cfg, loss_name, draft, target, num_ids, acc.device)
     del target  # offline/CE: the target is not kept in memory
     optimizer = torch.optim.AdamW(
         kind.trainable_parameters(cfg, draft), lr=dcfg.lr, weight_decay=dcfg.weight_decay
     )
-    scheduler = get_cosine_schedule_with_warmup(optimizer, dcfg.warmup_steps, dcfg.max_steps)
+    if dcfg.lr_schedule == "cosine":
+        scheduler = get_cosine_schedule_with_warmup(optimizer, dcfg.warmup_steps, dcfg.max_steps)
+    else:
+        scheduler = get_constant_schedule_with_warmup(optimizer, dcfg.warmup_steps)
     model, optimizer = acc.prepare(module, optimizer)
     meta = {
         "kind": kind.name,
@@ -369,6 +386,7 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
         "target": cfg.target.model,
         **info,
         **kind_meta,
+        "settings": training_settings(cfg, loss_name, kind),  # what the card and leaderboard read
     }
     say(
         f"distill ({kind.name}): {len(data)} sequences ({data.dropped} dropped: no completion "
@@ -402,6 +420,13 @@ class IndependentTraining:
 
     name = "independent"
 
+    def draft_settings(self, cfg: Config) -> dict:
+        """The draft keys that change what this kind trains (distill.checkpoint records them)."""
+        d = dataclasses.asdict(cfg.draft)
+        for key in ("kind", "eagle3"):  # which kinds train, and the other kind's section
+            d.pop(key)
+        return d
+
     def check_target(self, cfg: Config, target_config, num_ids: int) -> None:
         return None  # distill/init.py checks its own keys when it builds the draft
 
@@ -415,7 +440,7 @@ class IndependentTraining:
         return _needs_target_weights(cfg, loss_name, resume)
 
     def target_dtype(self, cfg: Config, device):
-        return None  # target.dtype (models.load_target)
+        return None  # target.dtype (models.load_target), the serving dtype: the draft copies it
 
     def load_draft(self, cfg, resume, target, target_tok, target_config, data, device):
         """(draft, tokenizer, init description, extra meta): built fresh or resumed."""
@@ -425,11 +450,12 @@ class IndependentTraining:
     def describe(self, draft, target_config, say) -> dict:
         return describe(draft, target_config, say)
 
-    def training_modules(self, cfg: Config, loss_name: str, draft, target, num_ids: int):
+    def training_modules(self, cfg: Config, loss_name: str, draft, target, num_ids: int, device):
         """(teacher or None, the module accelerate prepares)."""
         teacher = None
         if _uses_target(cfg, loss_name):
-            target.requires_grad_(False)
+            # the online teacher scores whole batches: the target's batched dtype (bf16 where fast)
+            target.requires_grad_(False).to(pick_batch_dtype(cfg.target, device))
             teacher = CompletionLogits(target.eval(), num_ids)
         return teacher, CompletionLogits(draft, num_ids)
 
@@ -484,7 +510,10 @@ def run_loop(tr: Trainer, run) -> None:
     )
     window, t0 = [], time.perf_counter()
     while tr.step < dcfg.max_steps:
+        cpu = time.process_time()
         metrics = train_step(tr, tr.step)
+        tr.cpu_seconds += time.process_time() - cpu
+        tr.tokens_seen += int(metrics["tokens"])
         tr.step += 1
         tr.history.append(metrics["loss"])
         window.append(metrics)
@@ -524,6 +553,7 @@ def train_draft(
         _check_same_loss(resume, loss_name)
         _check_same_kind(resume, kind.name)
     tr = setup(cfg, checkpoints_dir, loss_name, resume, kind)
+    record_config(cfg)  # every check passed; the first checkpoint is about to be written
     if resume is not None:
         restore_train_state(tr, load_train_state(resume))
         tr.accelerator.print(f"distill: resuming from {resume} (step {tr.step})")

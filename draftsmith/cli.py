@@ -5,16 +5,23 @@
 
 User errors (bad config, missing model, empty data) print one line and exit
 non-zero (2 for config problems); `--debug` shows the traceback instead.
+
+A stage command validates the config, checks the device, takes the run directory's lock
+and runs every stage's cheap consistency checks (pipeline.preflight) before any stage
+writes; the resolved config.yaml is written by the first stage that writes results
+(draftsmith/rundir.py), so a command that fails its checks changes nothing on disk.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 import traceback
+from pathlib import Path
 
 from draftsmith import pipeline
-from draftsmith.config import load_config, save_resolved_config
+from draftsmith.config import load_config
 from draftsmith.errors import DraftsmithError
 
 STAGE_HELP = {
@@ -45,11 +52,41 @@ STAGE_HELP = {
 }
 
 
+def note_moved_run_config(config: str, cfg, overrides: list[str]) -> None:
+    """A run's own config.yaml, moved or copied with the run, still names the old run dir."""
+    from draftsmith.lock import LOCK_FILE
+
+    path = Path(config).resolve()
+    if path.name != "config.yaml" or not (path.parent / LOCK_FILE).is_file():
+        return  # not the config.yaml inside a run directory
+    if any(o.startswith("run.output_dir=") for o in overrides):
+        return
+    if cfg.output_dir.resolve() != path.parent:
+        print(
+            f"draftsmith: note: {config} names run.output_dir {cfg.output_dir}, not the run "
+            f"directory it is in; working on {cfg.output_dir} (add run.output_dir={path.parent} "
+            "to work on this one)",
+            file=sys.stderr,
+        )
+
+
 def cmd_stage(name: str, config: str, overrides: list[str]) -> int:
+    from draftsmith.models import pick_device
+    from draftsmith.rundir import open_run_dir
+
     cfg = load_config(config, overrides)
-    save_resolved_config(cfg)
-    pipeline.stage_function(name)(cfg)
+    note_moved_run_config(config, cfg, overrides)
+    pick_device(cfg.run.device)  # run.device=cuda without a GPU: before anything is written
+    stages = cfg.run.stages if name == "run" else [name]
+    with open_run_dir(cfg):
+        pipeline.preflight(cfg, stages)
+        pipeline.stage_function(name)(cfg)
     return 0
+
+
+# A disk that is full or a directory made read-only under a running stage: the OS's own
+# words and the file are the whole story, a traceback adds nothing.
+_WRITE_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
 
 
 def cmd_models_pull(name: str, force: bool) -> int:
@@ -129,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"draftsmith: error: {e}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:
+        if e.errno not in _WRITE_ERRORS or not e.filename or args.debug:
+            raise
+        print(f"draftsmith: error: {e.filename}: {e.strerror}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("draftsmith: interrupted", file=sys.stderr)
         return 130

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -50,9 +51,14 @@ class RunConfig:
 class TargetConfig:
     model: str = "smollm2-135m-instruct"  # registry name, local dir or hub id
     revision: str | None = None
+    # Serving dtype, used where the target decodes one sequence at a time (evaluate).
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = (
         "auto"  # auto: bf16 on cuda, fp32 on cpu
     )
+    # The target's batched work: generation batches, scoring, the online teacher in distill.
+    # auto: bf16 on cuda and on CPUs with native bf16 matmuls (AVX512-BF16 / AMX), fp32
+    # elsewhere; bf16 pays on many rows, not on one (README "bf16 on CPU").
+    batch_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     trust_remote_code: bool = False
 
 
@@ -127,9 +133,17 @@ class PromptSource:
     hub_split: str = "train"
     prompt_field: str = "prompt"  # plain text prompt ...
     messages_field: str | None = None  # ... or chat messages [{role, content}, ...]
+    # kind=score: the text that answered the prompt in the source, scored by the target
+    # instead of written by it. sharegpt: the assistant turn that followed; messages_field:
+    # a final assistant message; prompt_field records: this field.
+    reply_field: str | None = None
     category_field: str | None = "category"
     category: str | None = None  # fixed category for every prompt of this source
     limit: int | None = field(default=None, metadata=_range(ge=1))
+    # target: the target writes each completion (data.max_new_tokens, its sampling settings);
+    # score: the source's own reply, cut to data.max_new_tokens, is scored by the target in
+    # one teacher-forced forward (top-k log-probs as for written text, no decoding).
+    kind: Literal["target", "score"] = "target"
     # train: every prompt is trained on; eval: every prompt is held out (never trained on, and
     # no training prompt may be a near-duplicate of it); both: split by data.eval_fraction.
     role: Literal["train", "eval", "both"] = "both"
@@ -178,6 +192,8 @@ class DataConfig:
     chat_template: bool = True
     system_prompt: str | None = None
     eval_fraction: float = field(default=0.2, metadata=_range(gt=0, lt=1))
+    # caps each eval set on its own (each role=eval source, and the held-out split of the
+    # role=both sources): adding MT-bench never shrinks the held-out set, nor the reverse
     max_eval_prompts: int | None = field(default=None, metadata=_range(ge=1))
     max_train_prompts: int | None = field(default=None, metadata=_range(ge=1))
     backend: Literal["hf", "vllm"] = "hf"
@@ -212,11 +228,15 @@ class DistillConfig:
     lr: float = field(default=5e-4, metadata=_range(gt=0))
     weight_decay: float = field(default=0.0, metadata=_range(ge=0))
     warmup_steps: int = field(default=10, metadata=_range(ge=0))
+    # cosine: decay to 0 at max_steps (the best final checkpoint); constant: flat after warmup,
+    # so intermediate checkpoints of one run are comparable points of a data-scaling curve
+    lr_schedule: Literal["cosine", "constant"] = "cosine"
     max_steps: int = field(default=100, metadata=_range(ge=1))
     batch_size: int = field(default=8, metadata=_range(ge=1))
     grad_accum_steps: int = field(default=1, metadata=_range(ge=1))
     max_grad_norm: float = field(default=1.0, metadata=_range(gt=0))
-    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"  # auto: bf16 where supported
+    # auto: bf16 on cuda (where supported) and on CPUs with native bf16 matmuls, else no
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
     max_seq_len: int | None = field(default=None, metadata=_range(ge=2))
     # Keep the token embeddings (and the LM head they are tied to) as the target's: the
     # head's weight gradient is the costliest matmul of a small draft's step, and a frozen
@@ -240,7 +260,20 @@ class EvaluateConfig:
     top_p: float = field(default=1.0, metadata=_range(gt=0, le=1))
     top_k: int = field(default=0, metadata=_range(ge=0))
     max_new_tokens: int = field(default=64, metadata=_range(ge=1))
-    max_prompts: int | None = field(default=None, metadata=_range(ge=1))
+    max_prompts: int | None = field(default=None, metadata=_range(ge=1))  # per eval set
+    # The eval set the best draft is chosen on and the k sweep runs on; None: mtbench when the
+    # run has it, else the first set of data/eval_prompts.jsonl.
+    primary_eval_set: str | None = None
+    # Greedy: every draft is ranked on every prompt by its exact teacher-forced counts; the
+    # engine (speedup, losslessness, k sweep) then decodes the best drafts on at most this many
+    # prompts per set (None: all). 8 x 32 tokens: ~30 s a draft at SmolLM2's ~10 tokens/s here.
+    engine_max_prompts: int | None = field(default=8, metadata=_range(ge=1))
+    # Interleaved repeats of the draft/verify cost timing behind the recommended k.
+    cost_repeats: int = field(default=30, metadata=_range(ge=3))
+    # Also ask each prompt's second turn (MT-bench turn 2) after the target's own greedy answer
+    # to turn 1 (at most turn2_answer_tokens, cached), as the eval set `<set>-turn2`.
+    turn2: bool = False
+    turn2_answer_tokens: int = field(default=128, metadata=_range(ge=1))
     baselines: list[str] = field(default_factory=list)  # extra drafts: model refs or dirs
     select_metric: Literal["acceptance_rate", "mean_accepted_length", "speedup"] = "acceptance_rate"
     on_mismatch: Literal["error", "warn"] = "error"  # greedy losslessness failures
@@ -347,6 +380,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):  # YAML reads .inf and .nan as floats
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -394,6 +429,11 @@ def _suggest(name: str, fields: dict, prefix: str) -> str:
 def _check_cross_fields(cfg: Config) -> None:
     """Constraints between fields, each named by the key a user would change."""
     _check_draft_kinds(cfg)
+    if not cfg.run.stages:
+        raise ConfigError(
+            "run.stages: empty, so `draftsmith run` would do nothing; list the stages to run "
+            "(generate, distill, evaluate, export)"
+        )
     if cfg.draft.init == "pretrained" and not cfg.draft.model:
         raise ConfigError("draft.model: required when draft.init is 'pretrained'")
     if cfg.distill.teacher == "offline" and cfg.data.topk_logprobs == 0:
@@ -424,6 +464,7 @@ def _check_cross_fields(cfg: Config) -> None:
             raise ConfigError(
                 f"data.sources[{i}].min_chars: {src.min_chars} is over max_chars {src.max_chars}"
             )
+        _check_score_source(cfg, src, i)
     if not cfg.data.sources:
         raise ConfigError("data.sources: at least one prompt source is required")
     if all(src.role == "eval" for src in cfg.data.sources):
@@ -448,6 +489,29 @@ def _check_draft_kinds(cfg: Config) -> None:
             "distill.on_policy_fraction: the eagle3 kind trains on the target's own text "
             "(its training-time test drafts from its own states); set it to 0 or drop eagle3 "
             "from draft.kind"
+        )
+
+
+def _check_score_source(cfg: Config, src: PromptSource, i: int) -> None:
+    """kind=score needs replies to score, a role that trains, and top-k log-probs to store."""
+    if src.reply_field and not (src.path or src.hub):
+        raise ConfigError(f"data.sources[{i}].reply_field: only file and hub sources have fields")
+    if src.kind != "score":
+        return
+    has_replies = src.builtin == "sharegpt" or src.messages_field or src.reply_field
+    if not has_replies:
+        raise ConfigError(
+            f"data.sources[{i}].kind: 'score' needs replies to score: the sharegpt builtin, a "
+            "messages_field whose conversations end with an assistant turn, or a reply_field"
+        )
+    if src.role == "eval":
+        raise ConfigError(
+            f"data.sources[{i}].kind: 'score' makes training text, but role 'eval' never trains"
+        )
+    if cfg.data.topk_logprobs == 0:
+        raise ConfigError(
+            f"data.topk_logprobs: must be > 0 when data.sources[{i}] has kind 'score' (scoring "
+            "stores the target's top-k log-probs)"
         )
 
 
@@ -476,7 +540,12 @@ def _read_yaml(path: Path) -> dict:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{path}:{where}: malformed YAML: {problem}") from None
     if raw is None:
-        return {}
+        # An empty file is far likelier a mistake (a wrong path, a failed redirect) than a
+        # request for the default run, which is the full SmolLM2 pipeline (~30 minutes here).
+        raise ConfigError(
+            f"{path}: the config is empty; write the settings to change (e.g. `run: "
+            "{output_dir: runs/mine}`), or `{}` to run every default"
+        )
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return raw

@@ -344,9 +344,10 @@ def target_embeddings(cfg: Config):
     return load_target(cfg.target, torch.device("cpu"), torch.float32).get_input_embeddings()
 
 
-def export_eagle3(cfg: Config, row: dict, k: int, tmp: Path, out: Path) -> None:
-    """An eagle3 head in the speculators layout vLLM serves as method `eagle3`, validated."""
-    head = load_eagle3(row["path"])  # a checkpoint holds no embeddings: the target's go in
+def export_eagle3(cfg: Config, src: Path, k: int, tmp: Path, out: Path) -> None:
+    """An eagle3 head (its checkpoint dir `src`) in the speculators layout vLLM serves as
+    method `eagle3`, validated."""
+    head = load_eagle3(src)  # a checkpoint holds no embeddings: the target's go in
     include = cfg.draft.eagle3.include_embeddings
     if include:
         head.attach_embeddings(target_embeddings(cfg))

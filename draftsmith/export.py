@@ -1,29 +1,51 @@
-"""Export: the chosen draft as its serving stack loads it, a vLLM speculative config and a model card.
+"""Export: the chosen draft as a clean HF model dir, a vLLM speculative config and a model card.
 
 Reads `<output_dir>/eval/leaderboard.json` (written by evaluate) and writes
 `<output_dir>/export/` (or `export.output_dir`) atomically: the directory
 appears complete or not at all. What the model files are is the chosen row's kind's
 business (draftsmith/kinds.py): an independent draft is a clean HF model dir (vLLM
 method `draft_model`, or transformers' `assistant_model=`), an eagle3 head the
-speculators layout (vLLM method `eagle3`), validated before the rename.
+speculators layout (vLLM method `eagle3`), each validated before the rename.
+
+What export may replace: never the run directory, a directory above it, or anything
+inside a stage's directory (data/, checkpoints/, eval/, ...); with export.overwrite only
+a previous export, recognised by the `draftsmith_export.json` it wrote there. The draft
+is taken from the leaderboard row's path relative to the run directory (a copied run
+exports its own weights), its weight files are checked whole and (by its kind) in the
+shapes its config.json builds, and the card states the training the checkpoint itself records.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 from pathlib import Path
 
 from draftsmith.config import Config
-from draftsmith.errors import DraftsmithError
-from draftsmith.evaluate.report import format_comparison
-from draftsmith.hf_export import (  # noqa: F401 (re-exported: callers import them from here)
-    assistant_generation_config,
-    fixed_k_assistant,
+from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.evaluate.report import (
+    TRAINED_ROLES,
+    format_comparison,
+    format_recommendation,
+    format_sweep,
+    ranking_rows,
 )
-from draftsmith.io import atomic_dir, atomic_write_json
-from draftsmith.kinds import get_kind
+from draftsmith.io import (
+    TMP_MARK,
+    atomic_dir,
+    atomic_write_json,
+    checked_read_json,
+    clean_stale_temps,
+    corrupt_file,
+)
+from draftsmith.kinds import kind_of
 from draftsmith.models import resolve_model
+from draftsmith.rundir import STAGE_DIRS, from_run, is_inside, make_dir, record_config, run_relative
+
+# Written into every export: what it holds and where it was made. Only a directory holding
+# one is ever replaced (export.overwrite), and a moved export is told from one in place.
+EXPORT_MARKER = "draftsmith_export.json"
 
 
 def export_dir(cfg: Config) -> Path:
@@ -34,19 +56,92 @@ def read_leaderboard(cfg: Config) -> dict:
     path = cfg.output_dir / "eval" / "leaderboard.json"
     if not path.is_file():
         raise DraftsmithError(f"{path}: no leaderboard yet; run `draftsmith evaluate CONFIG` first")
-    board = json.loads(path.read_text())
+    fix = "delete it and rerun `draftsmith evaluate CONFIG` (finished results are cached)"
+    board = checked_read_json(path, fix)
+    if not isinstance(board, dict) or "best" not in board:
+        raise corrupt_file(path, "not a draftsmith leaderboard", fix)
     if not board.get("rows"):
         raise DraftsmithError(f"{path}: the leaderboard has no rows")
     return board
 
 
+# ----------------------------------------------------------------------------- where to export
+
+
+def read_export_marker(out: Path) -> dict | None:
+    """The marker of a previous export in `out`, or None when `out` holds none."""
+    path = Path(out) / EXPORT_MARKER
+    if not path.is_file():
+        return None
+    fix = f"delete {out} and rerun `draftsmith export CONFIG`"
+    marker = checked_read_json(path, fix)
+    if not isinstance(marker, dict) or "checkpoint" not in marker:
+        raise corrupt_file(path, "not an export record", fix)
+    return marker
+
+
+def check_export_target(cfg: Config) -> Path:
+    """The export dir, once it is known not to hold anything but a previous export.
+
+    Refused: the run directory, any directory above it, anything inside a stage's
+    directory; with export.overwrite, an existing non-empty directory that is not an export.
+    """
+    out, run = export_dir(cfg), cfg.output_dir
+    key = "export.output_dir"
+    if is_inside(run, out):
+        raise ConfigError(
+            f"{key}: {out} is the run directory or holds it; an export there would replace "
+            f"the run's data, checkpoints and results. Choose a directory outside them (the "
+            f"default is {run / 'export'})"
+        )
+    for name in STAGE_DIRS:
+        if is_inside(out, run / name):
+            raise ConfigError(
+                f"{key}: {out} lies inside the run's {name}/, which draftsmith writes; choose a "
+                f"directory outside it (the default is {run / 'export'})"
+            )
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{key}: {out} exists and is not a directory")
+    foreign = out.is_dir() and any(out.iterdir()) and read_export_marker(out) is None
+    if cfg.export.overwrite and foreign:
+        raise DraftsmithError(
+            f"{out}: not a draftsmith export (no {EXPORT_MARKER}); export.overwrite replaces "
+            "only a previous export. Choose another export.output_dir, or delete it yourself"
+        )
+    return out
+
+
+def source_dir(cfg: Config, row: dict) -> Path:
+    """The chosen row's model dir: relative to this run dir, so a copy exports its own weights."""
+    src = from_run(row["path"], cfg.output_dir)
+    if not (src / "config.json").is_file():
+        who = "export.checkpoint" if cfg.export.checkpoint else "the leaderboard's best draft"
+        raise DraftsmithError(
+            f"{src}: {who} {row['checkpoint']!r} is not there (deleted since evaluate?); rerun "
+            "`draftsmith evaluate CONFIG` to rank what is on disk"
+        )
+    return src
+
+
+def draft_rows(board: dict, checkpoint: str) -> list[dict]:
+    """A draft's rows on the primary eval set: its engine row (speedup, losslessness) first
+    when the engine decoded it, then its row over every prompt."""
+    primary = board.get("primary_eval_set")
+    rows = [
+        r
+        for r in board["rows"]
+        if r["checkpoint"] == checkpoint and (primary is None or r.get("eval_set") == primary)
+    ]
+    return sorted(rows, key=lambda r: r.get("measured_by") != "engine")
+
+
 def choose_row(board: dict, checkpoint: str | None) -> dict:
-    """The row named by export.checkpoint, else the leaderboard's best."""
+    """The row named by export.checkpoint, else the leaderboard's best (draft_rows' first)."""
     wanted = checkpoint or board["best"]
-    for row in board["rows"]:
-        if row["checkpoint"] == wanted:
-            return row
-    names = ", ".join(r["checkpoint"] for r in board["rows"])
+    rows = draft_rows(board, wanted)
+    if rows:
+        return rows[0]
+    names = ", ".join(dict.fromkeys(r["checkpoint"] for r in board["rows"]))
     raise DraftsmithError(
         f"export.checkpoint: {wanted!r} is not on the leaderboard (have: {names})"
     )
@@ -57,11 +152,16 @@ def _fmt(x, digits: int = 3) -> str:
 
 
 def _data_summary(cfg: Config) -> str:
+    from draftsmith.data import load_data_meta
+
     meta_path = cfg.output_dir / "data" / "meta.json"
     if not meta_path.is_file():
         return "- (no data/meta.json found)"
-    meta = json.loads(meta_path.read_text())
-    sources = ", ".join(s.builtin or s.path or s.hub or "?" for s in cfg.data.sources)
+    meta = load_data_meta(cfg.output_dir)
+    # the sources generate recorded (what the data was made from), else the config's
+    recorded = meta.get("settings", {}).get("data", {}).get("sources")
+    srcs = recorded or [dataclasses.asdict(s) for s in cfg.data.sources]
+    sources = ", ".join(s.get("builtin") or s.get("path") or s.get("hub") or "?" for s in srcs)
     keys = (
         "num_prompts",
         "num_completions",
@@ -79,52 +179,92 @@ def _data_summary(cfg: Config) -> str:
     return out
 
 
-def _training(cfg: Config, row: dict) -> str:
-    """How the exported draft was trained: its own loss, not just the run's configured one."""
-    d = cfg.distill
+def _training(meta: dict | None, row: dict) -> str:
+    """How the exported draft was trained, from its checkpoint's own record (never the config,
+    which may have changed since)."""
     role, steps = row.get("role"), row.get("trained_steps", row.get("step"))
-    batch = f"batch {d.batch_size} x {d.grad_accum_steps} accumulation, lr {d.lr}"
     if role == "init":
         return "none: the untrained initialisation ranked best"
     if role == "baseline":
         return "an external draft (evaluate.baselines), not trained by this run"
-    teacher, more = get_kind(row.get("kind", "independent")).card_training(cfg)
+    d = (meta or {}).get("settings", {}).get("distill")
+    if d is None:  # a checkpoint written before checkpoints recorded their settings
+        return f"{(meta or {}).get('loss_name', 'unknown loss')}, {steps} steps (settings not recorded)"
+    batch = f"batch {d['batch_size']} x {d['grad_accum_steps']} accumulation, lr {d['lr']}"
+    teacher, more = kind_of(row).card_training(meta["settings"])
     if role == "ce_twin":
         return (
             f"ce (plain cross-entropy on the target's outputs: the run's distill.ce_baseline "
-            f"twin, which ranked above the {d.loss} draft), {steps} steps, {batch}{more}"
+            f"twin, which ranked above the distilled draft), {steps} steps, {batch}{more}"
         )
     return (
-        f"{d.loss} (teacher: {teacher}, temperature {d.temperature}), {steps} steps, {batch}{more}"
+        f"{d['loss']} (teacher: {teacher}, temperature {d['temperature']}), {steps} steps, "
+        f"{batch}{more}"
     )
+
+
+def _init(meta: dict | None, row: dict) -> str:
+    if row.get("role") == "baseline":
+        return "external (evaluate.baselines)"
+    return (meta or {}).get("init") or "not recorded"
 
 
 def _comparisons(board: dict) -> str:
     """The run's paired comparisons (distilled vs CE twin / init), or nothing."""
-    lines = [f"- {format_comparison(c)}" for c in board.get("comparisons", [])]
+    lines = [
+        f"- {'[' + c['eval_set'] + '] ' if c.get('eval_set') else ''}{format_comparison(c)}"
+        for c in board.get("comparisons", [])
+    ]
     if not lines:
         return ""
     return "Against the run's other drafts, same prompts:\n" + "\n".join(lines) + "\n"
 
 
-def model_card(cfg: Config, board: dict, row: dict, k: int, out: Path, spec: dict) -> str:
-    """`out`: the export's files (its final place or the temp dir it is built in)."""
+def _spread(row: dict) -> str:
+    iqr = row.get("speedup_iqr")
+    return f" (per prompt: {iqr[0]:.2f}x-{iqr[1]:.2f}x, interquartile)" if iqr else ""
+
+
+def _by(row: dict) -> str:
+    if row.get("measured_by") == "teacher_forced":
+        return "teacher-forced replay (exact greedy counts)"
+    return "real speculative decoding"
+
+
+def _eval_sets(board: dict, checkpoint: str) -> str:
+    """Per eval set: the draft's acceptance over every prompt, and per category."""
+    out = []
+    for row in ranking_rows(board["rows"]):
+        if row["checkpoint"] != checkpoint:
+            continue
+        name = row.get("eval_set") or "held-out prompts"
+        primary = " (primary)" if name == board.get("primary_eval_set") else ""
+        cats = "\n".join(
+            f"| {c} | {_fmt(v.get('acceptance_rate'))} | {_fmt(v.get('alpha'))} | "
+            f"{_fmt(v.get('mean_accepted_length'), 2)} | {v.get('num_prompts', '')} |"
+            for c, v in sorted(row.get("per_category", {}).items())
+        )
+        out.append(
+            f"### {name}{primary}: {row.get('num_prompts')} prompts, {_by(row)}\n"
+            f"acceptance rate {_fmt(row.get('acceptance_rate'))}, alpha "
+            f"{_fmt(row.get('alpha'))}, {_fmt(row.get('mean_accepted_length'), 2)} tokens per "
+            f"target forward at k = {row.get('num_speculative_tokens')}\n\n"
+            "| category | acceptance rate | alpha | mean accepted length | prompts |\n"
+            f"|---|---|---|---|---|\n{cats}\n"
+        )
+    return "\n".join(out)
+
+
+def model_card(cfg: Config, board: dict, row: dict, k: int, out: Path, meta: dict | None) -> str:
+    """The README of an export; `meta` is the checkpoint's own record (None for a baseline)."""
+    kind = kind_of(row)
+    spec = json.dumps(kind.speculative_config(out, k))
     target = board.get("target", cfg.target.model)
     target_path = resolve_model(cfg.target.model)  # a dir or hub id that vLLM can load
-    kind = get_kind(row.get("kind", "independent"))
-    init = kind.card_draft(cfg, out)
-    cats = "\n".join(
-        f"| {c} | {_fmt(v.get('acceptance_rate'))} | {_fmt(v.get('mean_accepted_length'), 2)} | "
-        f"{v.get('num_prompts', '')} |"
-        for c, v in sorted(row.get("per_category", {}).items())
-    )
     positions = ", ".join(_fmt(p, 2) for p in row.get("per_position_acceptance", []))
-    sweep = "\n".join(
-        f"| {s['k']} | {_fmt(s.get('acceptance_rate'))} | {_fmt(s.get('mean_accepted_length'), 2)} | "
-        f"{_fmt(s.get('speedup'), 2)} | {_fmt(s.get('modelled_speedup'), 2)} |"
-        for s in board.get("k_sweep", [])
-    )
+    sweep = "\n".join(format_sweep(board))
     lossless = row.get("lossless_match_rate")
+    verdict = {None: "(not decoded)", 1.0: "(pass)"}.get(lossless, "(FAIL)")
     return f"""# Draft model for {target}
 
 A draft for speculative decoding, distilled and verified by draftsmith. The target
@@ -133,14 +273,14 @@ changes speed.
 
 ## Draft
 - checkpoint: `{row["checkpoint"]}` (step {row.get("trained_steps", row.get("step"))}), chosen by `{board.get("select_metric")}`
-- kind: {row.get("kind", "independent")}
-- initialisation: {init}
-- training: {_training(cfg, row)}
+- kind: {kind.card_kind(meta)}
+- initialisation: {_init(meta, row)}
+- training: {_training(meta, row)}
 
 ## Data
 {_data_summary(cfg)}
 
-## Measured (held-out prompts, real speculative decoding)
+## Measured on {row.get("eval_set") or "held-out prompts"} by {_by(row)}
 Measured on: {board.get("hardware", platform.platform())}, {row.get("num_prompts")} prompts,
 k = {row.get("num_speculative_tokens")}, temperature {row.get("temperature")}.
 
@@ -149,27 +289,29 @@ k = {row.get("num_speculative_tokens")}, temperature {row.get("temperature")}.
 | acceptance rate (accepted / proposed drafts) | {_fmt(row.get("acceptance_rate"))} |
 | alpha (accepted / verified drafts, per-token acceptance) | {_fmt(row.get("alpha"))} |
 | mean accepted length (tokens per target forward) | {_fmt(row.get("mean_accepted_length"), 2)} |
-| measured speedup over target-only decoding | {_fmt(row.get("speedup"), 2)}x |
+| measured speedup over target-only decoding | {_fmt(row.get("speedup"), 2)}x{_spread(row)} |
 | modelled speedup (verify forward = 1 target forward) | {_fmt(row.get("modelled_speedup"), 2)}x |
 | modelled speedup (measured verify cost) | {_fmt(row.get("modelled_speedup_verify"), 2)}x |
 | draft cost ratio c (draft forward / target forward) | {_fmt(row.get("draft_cost_ratio"))} |
 | verify cost ratio v ((k+1)-token / 1-token target forward) | {_fmt(row.get("verify_cost_ratio"), 2)} |
-| lossless check (greedy output == target's own) | {_fmt(lossless)} {"(pass)" if lossless == 1.0 else "(FAIL)"} |
+| lossless check (greedy output == target's own) | {_fmt(lossless)} {verdict} |
 
 Per-position acceptance (given the position was reached): {positions}
 
-| category | acceptance rate | mean accepted length | prompts |
-|---|---|---|---|
-{cats}
-
+## Eval sets
+{_eval_sets(board, row["checkpoint"])}
 {_comparisons(board)}
-### k sweep (recommended k = {k})
-| k | acceptance rate | mean accepted length | measured speedup | modelled speedup |
-|---|---|---|---|---|
+### k sweep on {board.get("primary_eval_set") or "the held-out prompts"}
+Acceptance per k over every prompt, the modelled speedup from draft/verify costs timed in
+interleaved repeats [interquartile range], the measured wall-clock speedup [interquartile
+range over prompts]:
+```
 {sweep}
+```
+{format_recommendation({**board, "recommended_k": k})}.
 
 ## Use it
-{kind.card_usage(json.dumps(spec), target_path, Path(spec["model"]), k)}
+{kind.card_usage(spec, target_path, out.resolve(), k)}
 """
 
 
@@ -187,23 +329,52 @@ def _log_artifact(cfg: Config, out: Path, row: dict) -> None:
         run.log_artifact(art)
 
 
+def _refuse_existing(out: Path) -> None:
+    """An existing export dir without export.overwrite: say what it holds and how to redo it."""
+    marker = read_export_marker(out)
+    moved = marker is not None and marker.get("location") != str(out.resolve())
+    made = f" (made at {marker['location']}; moved or copied since)" if moved else ""
+    raise DraftsmithError(
+        f"{out}: export dir exists{made}; set export.overwrite=true to replace it"
+    )
+
+
 def run_export(cfg: Config) -> Path:
-    out = export_dir(cfg)
+    from draftsmith.distill.checkpoint import read_meta
+    from draftsmith.integrity import check_weight_files
+
+    out = check_export_target(cfg)
     if out.exists() and not cfg.export.overwrite:
-        raise DraftsmithError(f"{out}: export dir exists; set export.overwrite=true to replace it")
+        _refuse_existing(out)
     board = read_leaderboard(cfg)
     row = choose_row(board, cfg.export.checkpoint)
+    src = source_dir(cfg, row)
+    meta = read_meta(src) if row.get("role") in TRAINED_ROLES else None
+    check_weight_files(src)  # a truncated source: named before anything is copied
     k = int(
         board.get("recommended_k")
         or row.get("num_speculative_tokens")
         or cfg.evaluate.num_speculative_tokens
     )
-    kind = get_kind(row.get("kind", "independent"))
+    make_dir(out.parent, "export.output_dir")
+    record_config(cfg)
+    clean_stale_temps(out.parent, prefix=out.name + TMP_MARK)  # a killed export's temp dir
+    kind = kind_of(row)
     with atomic_dir(out, overwrite=cfg.export.overwrite) as tmp:
-        kind.export(cfg, row, k, tmp, out)
-        spec = json.loads((tmp / "speculative_config.json").read_text())
+        kind.export(cfg, src, k, tmp, out)  # model files + speculative_config.json, validated
         atomic_write_json(tmp / "leaderboard_row.json", row)
-        (tmp / "README.md").write_text(model_card(cfg, board, row, k, tmp, spec))
+        (tmp / "README.md").write_text(model_card(cfg, board, row, k, out, meta))
+        atomic_write_json(
+            tmp / EXPORT_MARKER,
+            {
+                "checkpoint": row["checkpoint"],
+                "source": run_relative(src, cfg.output_dir),
+                "run_dir": str(cfg.output_dir.resolve()),
+                "location": str(out.resolve()),
+                "num_speculative_tokens": k,
+                "export": dataclasses.asdict(cfg.export),
+            },
+        )
     _log_artifact(cfg, out, row)
     print(f"exported {row['checkpoint']} ({kind.name}) to {out} (recommended k={k})")
     return out

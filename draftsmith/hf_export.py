@@ -7,13 +7,12 @@ model card and leaderboard row around it.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 from draftsmith.config import Config
 from draftsmith.errors import DraftsmithError
-from draftsmith.io import atomic_write_json
+from draftsmith.io import atomic_write_json, checked_read_json
 from draftsmith.models import load_tokenizer, resolve_model
 from draftsmith.vocab import match_vocab_rows, token_id_count
 
@@ -35,7 +34,7 @@ MODEL_FILES = (
 
 def copy_model_files(src: Path, dest: Path) -> list[str]:
     if not (src / "config.json").is_file():
-        raise DraftsmithError(f"export.checkpoint: {src} is not a model directory (no config.json)")
+        raise DraftsmithError(f"{src}: not a model directory (no config.json)")
     copied = []
     for name in MODEL_FILES:
         if (src / name).is_file():
@@ -100,13 +99,28 @@ def fixed_k_assistant(k: int) -> dict:
 
 def assistant_generation_config(path: Path, k: int) -> None:
     """The exported draft drafts k tokens per round as `assistant_model=`, as measured."""
-    gc = json.loads(path.read_text()) if path.is_file() else {}
+    fix = "it was copied from the draft's own model dir; repair or delete the file there"
+    gc = checked_read_json(path, fix) if path.is_file() else {}
     atomic_write_json(path, {**gc, **fixed_k_assistant(k)})
 
 
-def export_independent(cfg: Config, row: dict, k: int, tmp: Path, out: Path) -> None:
-    """An independent draft: its HF model dir on the target's row count, set to draft k."""
-    copy_model_files(Path(row["path"]), tmp)
+def verify_export(cfg: Config, model_dir: Path, src: Path) -> None:
+    """The exported weights load as the model config.json describes, or nothing is shipped."""
+    from draftsmith.integrity import check_model_shapes
+
+    check_model_shapes(
+        model_dir,
+        fix=f"nothing was exported; {src} is damaged: choose another export.checkpoint or "
+        "retrain it",
+        trust_remote_code=cfg.target.trust_remote_code,
+    )
+
+
+def export_independent(cfg: Config, src: Path, k: int, tmp: Path, out: Path) -> None:
+    """An independent draft (its checkpoint dir `src`): its HF model dir on the target's row
+    count, its weights checked in shape, set to draft k."""
+    copy_model_files(src, tmp)
     match_target_vocab(cfg, tmp)
+    verify_export(cfg, tmp, src)
     assistant_generation_config(tmp / "generation_config.json", k)
     atomic_write_json(tmp / "speculative_config.json", speculative_config(out, k))

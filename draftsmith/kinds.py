@@ -14,8 +14,9 @@ shared; a kind brings only:
                  distill/eagle3_train.py Eagle3Training): how the draft is built or resumed,
                  the module accelerate prepares and its teacher, the loss parts and their
                  token counts, the checkpoint's model files, the checks against the target
-    decoding     the engine's Proposer (evaluate/engine.py, evaluate/eagle3_proposer.py)
-                 and a teacher-forced greedy replay giving the engine's counts
+    decoding     how the evaluate stage loads it, the engine's Proposer (evaluate/engine.py,
+                 evaluate/eagle3_proposer.py), and its teacher-forced greedy replay giving
+                 the engine's counts (evaluate/teacher_forced.py KindReplay)
     export       the files a serving stack loads (draftsmith/hf_export.py: vLLM
                  `draft_model`; draftsmith/eagle3_export.py: vLLM `eagle3`), its
                  speculative_config for vLLM and what the model card says about it
@@ -36,6 +37,7 @@ from draftsmith.errors import ConfigError
 class DraftKind:
     name: str
     root: str  # sub-folder of the run dir holding this kind's checkpoints ("" = the run dir)
+    own_tokenizer: bool  # its checkpoints carry a tokenizer (checked against the target's)
 
     def checkpoints_dir(self, output_dir: Path) -> Path:
         return Path(output_dir) / self.root / "checkpoints"
@@ -55,22 +57,26 @@ class DraftKind:
 class IndependentKind(DraftKind):
     """A small causal LM of the target's tokenizer (distill/init.py)."""
 
-    name, root = "independent", ""
+    name, root, own_tokenizer = "independent", "", True
 
     def training(self):
         from draftsmith.distill.train import IndependentTraining
 
         return IndependentTraining()
 
-    def proposer(self, draft: dict, models):
+    def load(self, draft: dict, models):
+        """The module the proposer and the replay run (models: the evaluate stage's loader)."""
+        return models.draft(draft)
+
+    def proposer(self, module):
         from draftsmith.evaluate.engine import IndependentProposer
 
-        return IndependentProposer(models.draft(draft))
+        return IndependentProposer(module)
 
-    def teacher_forced(self, draft: dict, models, refs, k, max_new_tokens, vocab):
-        from draftsmith.evaluate.teacher_forced import teacher_forced_results as replay
+    def replay(self):
+        from draftsmith.evaluate.teacher_forced import INDEPENDENT
 
-        return replay(models.draft(draft), refs, k, max_new_tokens, vocab)
+        return INDEPENDENT
 
     def vllm_speculative_config(self, cfg: Config, path: str, k: int) -> dict:
         """evaluate.backend=vllm: the draft as vLLM's `draft_model` method."""
@@ -82,21 +88,25 @@ class IndependentKind(DraftKind):
             "draft_tensor_parallel_size": cfg.evaluate.vllm.tensor_parallel_size,
         }
 
-    def export(self, cfg: Config, row: dict, k: int, tmp: Path, out: Path) -> None:
-        """Write the export's model files and speculative_config.json into tmp."""
+    def export(self, cfg: Config, src: Path, k: int, tmp: Path, out: Path) -> None:
+        """Write the checkpoint `src`'s export files and speculative_config.json into tmp,
+        checked; `out`: where tmp will be renamed to."""
         from draftsmith.hf_export import export_independent
 
-        export_independent(cfg, row, k, tmp, out)
+        export_independent(cfg, src, k, tmp, out)
 
-    def card_draft(self, cfg: Config, files: Path) -> str:
-        """The model card's description of the draft (files: the export being written)."""
-        d = cfg.draft
-        layers = f" ({d.num_layers} layers, {d.layer_selection})" if d.init == "from_target" else ""
-        return f"independent draft: {d.init}{layers}"
+    def speculative_config(self, out: Path, k: int) -> dict:
+        from draftsmith.hf_export import speculative_config
 
-    def card_training(self, cfg: Config) -> tuple[str, str]:
-        """(teacher, what else the card's training line says) for a trained row."""
-        return cfg.distill.teacher, ""
+        return speculative_config(out, k)
+
+    def card_kind(self, meta: dict | None) -> str:
+        """The model card's kind line, from the checkpoint's record (None for a baseline)."""
+        return "independent (its own layers, embeddings and head)"
+
+    def card_training(self, settings: dict) -> tuple[str, str]:
+        """(teacher, what else the card's training line says), from the recorded settings."""
+        return settings["distill"]["teacher"], ""
 
     def card_usage(self, spec: str, target_path: str, out: Path, k: int) -> str:
         return f"""vLLM:
@@ -120,56 +130,58 @@ out = target.generate(**inputs, assistant_model=draft, do_sample=False)  # k={k}
 class Eagle3Kind(DraftKind):
     """An EAGLE-3 head on the target's hidden states, over a reduced draft vocabulary."""
 
-    name, root = "eagle3", "eagle3"
+    name, root, own_tokenizer = "eagle3", "eagle3", False
 
     def training(self):
         from draftsmith.distill.eagle3_train import Eagle3Training
 
         return Eagle3Training()
 
-    def load_head(self, draft: dict, models):
+    def load(self, draft: dict, models):
         from draftsmith.eagle3_export import load_eagle3
 
         return load_eagle3(draft["ref"], models.target()).to(models.dtype).eval()
 
-    def proposer(self, draft: dict, models):
+    def proposer(self, module):
         from draftsmith.evaluate.eagle3_proposer import Eagle3Proposer
 
-        return Eagle3Proposer(self.load_head(draft, models))
+        return Eagle3Proposer(module)
 
-    def teacher_forced(self, draft: dict, models, refs, k, max_new_tokens, vocab):
-        from draftsmith.evaluate.eagle3_proposer import teacher_forced_results as replay
+    def replay(self):
+        from draftsmith.evaluate.eagle3_proposer import EAGLE3_REPLAY
 
-        return replay(
-            self.load_head(draft, models), models.target(), refs, k, max_new_tokens, vocab
-        )
+        return EAGLE3_REPLAY
 
     def vllm_speculative_config(self, cfg: Config, path: str, k: int) -> dict:
         """evaluate.backend=vllm: the checkpoint (speculators layout) as vLLM's `eagle3`
         method; vLLM's default runner shares the target's embeddings with it (README)."""
         return {"method": "eagle3", "model": path, "num_speculative_tokens": k}
 
-    def export(self, cfg: Config, row: dict, k: int, tmp: Path, out: Path) -> None:
+    def export(self, cfg: Config, src: Path, k: int, tmp: Path, out: Path) -> None:
         from draftsmith.eagle3_export import export_eagle3
 
-        export_eagle3(cfg, row, k, tmp, out)
+        export_eagle3(cfg, src, k, tmp, out)
 
-    def card_draft(self, cfg: Config, files: Path) -> str:
-        import json
+    def speculative_config(self, out: Path, k: int) -> dict:
+        from draftsmith.eagle3_export import speculative_config
 
-        head = json.loads((files / "config.json").read_text())
+        return speculative_config(out, k)
+
+    def card_kind(self, meta: dict | None) -> str:
+        m = meta or {}
+        e = m.get("settings", {}).get("draft", {}).get("eagle3", {})
         return (
             f"eagle3 head (one decoder layer on the target's hidden states of layers "
-            f"{head['eagle_aux_hidden_state_layer_ids']}, draft vocabulary of "
-            f"{head['draft_vocab_size']} tokens, norm_before_residual "
-            f"{str(head['norm_before_residual']).lower()})"
+            f"{m.get('aux_layer_ids')}, draft vocabulary of {m.get('draft_vocab_size')} tokens "
+            f"covering {m.get('draft_vocab_coverage', 0):.1%} of the training completion tokens, "
+            f"norm_before_residual {str(e.get('norm_before_residual')).lower()})"
         )
 
-    def card_training(self, cfg: Config) -> tuple[str, str]:
-        e = cfg.draft.eagle3  # a head learns from the target forward it reads: online
+    def card_training(self, settings: dict) -> tuple[str, str]:
+        e = settings["draft"]["eagle3"]  # a head learns from the target forward it reads: online
         return (
             "online",
-            f", training-time test {e.ttt_steps} steps (step weights {e.ttt_loss_decay}^j)",
+            f", training-time test {e['ttt_steps']} steps (step weights {e['ttt_loss_decay']}^j)",
         )
 
     def card_usage(self, spec: str, target_path: str, out: Path, k: int) -> str:
@@ -205,7 +217,7 @@ def get_kind(name: str) -> DraftKind:
 
 def kind_of(draft: dict) -> DraftKind:
     """The kind of a draft dict (evaluate.prompts.list_drafts; baselines are independent)."""
-    return get_kind(draft.get("kind", "independent"))
+    return get_kind(draft.get("kind") or "independent")
 
 
 def check_target(cfg: Config, target_config, num_ids: int) -> None:
@@ -214,15 +226,13 @@ def check_target(cfg: Config, target_config, num_ids: int) -> None:
         get_kind(name).training().check_target(cfg, target_config, num_ids)
 
 
-def proposer_for(draft: dict, models):
-    """The engine's Proposer for a draft dict (evaluate.prompts.list_drafts), loaded through
-    its kind; `models`: the evaluate stage's loader (target(), draft(d), dtype)."""
-    return kind_of(draft).proposer(draft, models)
-
-
 def teacher_forced_results(
     draft: dict, models, refs: list[dict], k: int, max_new_tokens: int, vocab: int | None
 ) -> list[dict]:
-    """The engine's greedy counts for `draft` (no timings) on refs: per prompt {"id",
-    "category", "prompt_ids", "tokens": the target's greedy output under max_new_tokens}."""
-    return kind_of(draft).teacher_forced(draft, models, refs, k, max_new_tokens, vocab)
+    """The engine's greedy counts for `draft` (no timings) on refs, by its kind's replay: per
+    prompt {"id", "category", "prompt_ids", "tokens": the target's greedy output}."""
+    from draftsmith.evaluate.teacher_forced import teacher_forced_results as replay
+
+    kind = kind_of(draft)
+    module = kind.load(draft, models)
+    return replay(module, refs, k, max_new_tokens, vocab, kind.replay(), models.target)

@@ -98,6 +98,13 @@ def _layer_class():
 _GROWING_LAYER = None
 
 
+def crop_cache(cache, keep: int) -> None:
+    """Cut `cache` back to its first `keep` tokens (no-op when it holds no more)."""
+    extra = cache.get_seq_length() - keep
+    if extra > 0:
+        cache.crop(-extra)  # a negative crop removes tokens in transformers 4.x and 5.x
+
+
 def new_cache(model):
     """An empty KV cache for `model`: growing in place where every layer is full attention."""
     from transformers import DynamicCache

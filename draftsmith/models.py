@@ -207,6 +207,43 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf16 matmuls
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """True on CPUs whose matmul units take bf16 natively (AVX512-BF16 or AMX).
+
+    Without them torch emulates bf16 through fp32 and it is slower, not faster. Reads the
+    flags of /proc/cpuinfo (Linux); elsewhere (no such file) the answer is False, so the
+    fp32 default holds and the config switch (target.batch_dtype, distill.mixed_precision)
+    turns bf16 on by hand.
+    """
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+    return any(f in flags for f in CPU_BF16_FLAGS)
+
+
+def batched_bf16(device: torch.device) -> bool:
+    """Whether batched work (many rows per matmul) should run in bf16 on this device."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and cpu_has_native_bf16()
+
+
+def pick_batch_dtype(target_cfg, device: torch.device) -> torch.dtype:
+    """target.batch_dtype: the dtype of the target's batched work (generate, score, teacher)."""
+    if target_cfg.batch_dtype == "auto":
+        return torch.bfloat16 if batched_bf16(device) else torch.float32
+    return getattr(torch, target_cfg.batch_dtype)
+
+
 def load_model(
     ref: str,
     *,
@@ -218,7 +255,11 @@ def load_model(
 ):
     from transformers import AutoModelForCausalLM
 
+    from draftsmith.integrity import check_weight_files
+
     path = resolve_model(ref, key)
+    if Path(path).is_dir():
+        check_weight_files(Path(path))  # a truncated file: one line naming it, before loading
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path,
@@ -227,7 +268,7 @@ def load_model(
             revision=revision,
             use_safetensors=True,
         )
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: a config.json that is not JSON
         raise DraftsmithError(f"{key}: cannot load {ref}: {str(e).splitlines()[0]}") from None
     return model.to(device).eval()
 

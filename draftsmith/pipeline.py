@@ -6,7 +6,6 @@ pipeline's business, the CLI only parses arguments.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 
@@ -31,33 +30,48 @@ def stage_function(name: str) -> Callable[[Config], object]:
     return fn
 
 
+def preflight(cfg: Config, stages: list[str]) -> None:
+    """Each stage's cheap consistency checks, before any stage runs or writes.
+
+    `draftsmith run` with a changed loss, or a target the configured kinds cannot be
+    built on, fails here, not after generate has run; the
+    stages repeat their own checks when called alone.
+    """
+    if "generate" in stages:
+        from draftsmith.data.stage import finished_meta
+
+        finished_meta(cfg, cfg.output_dir / "data")  # data made with other settings
+    if "distill" in stages:
+        from draftsmith.distill.stage import check_distill_settings
+        from draftsmith.kinds import check_target
+        from draftsmith.models import load_target_config, load_target_tokenizer
+        from draftsmith.vocab import token_id_count
+
+        check_distill_settings(cfg)  # checkpoints trained with other settings
+        # each kind against the target's config and tokenizer (no weights): a target an
+        # eagle3 head cannot be built on fails before generate runs
+        num_ids = token_id_count(load_target_tokenizer(cfg.target))
+        check_target(cfg, load_target_config(cfg.target), num_ids)
+    if "export" in stages:
+        from draftsmith.export import check_export_target
+
+        check_export_target(cfg)  # the run dir, a stage dir, or something not an export
+
+
 def _already_exported(cfg: Config) -> bool:
-    """True when export/ holds the leaderboard's current choice (a rerun has nothing to do)."""
-    from draftsmith.export import export_dir
+    """True when export/ holds the leaderboard's current choice, made at its current place."""
+    from draftsmith.export import export_dir, read_export_marker, read_leaderboard
 
-    row_path = export_dir(cfg) / "leaderboard_row.json"
+    out = export_dir(cfg)
     board_path = cfg.output_dir / "eval" / "leaderboard.json"
-    if not (row_path.is_file() and board_path.is_file()):
+    marker = read_export_marker(out)
+    if marker is None or not board_path.is_file():
         return False
-    wanted = cfg.export.checkpoint or json.loads(board_path.read_text())["best"]
-    return json.loads(row_path.read_text())["checkpoint"] == wanted
-
-
-def preflight(cfg: Config) -> None:
-    """Checks of the configured kinds against the target's config and tokenizer (no
-    weights), so a target an eagle3 head cannot be built on fails before generate runs."""
-    if cfg.draft.kinds == ["independent"] or "distill" not in cfg.run.stages:
-        return
-    from draftsmith.kinds import check_target
-    from draftsmith.models import load_target_config, load_target_tokenizer
-    from draftsmith.vocab import token_id_count
-
-    num_ids = token_id_count(load_target_tokenizer(cfg.target))
-    check_target(cfg, load_target_config(cfg.target), num_ids)
+    wanted = cfg.export.checkpoint or read_leaderboard(cfg)["best"]
+    return marker["checkpoint"] == wanted and marker["location"] == str(out.resolve())
 
 
 def run_pipeline(cfg: Config) -> None:
-    preflight(cfg)
     for stage in cfg.run.stages:
         if stage == "export" and _already_exported(cfg):
             from draftsmith.export import export_dir

@@ -40,20 +40,28 @@ from draftsmith.evaluate.engine import (
     DraftContext,
     Proposer,
     SpeculativeDecoder,
-    crop_cache,
     record_draft_forward,
     timed,
 )
+from draftsmith.evaluate.teacher_forced import (
+    COUNT_KEYS,
+    KindReplay,
+    counts_result,
+    relative_margin,
+)
+from draftsmith.evaluate.timing import Step
 from draftsmith.fast_linear import cpu_few_row_linear
+from draftsmith.kv_cache import crop_cache
 
 
 class Eagle3Proposer(Proposer):
     """Drives an Eagle3Head (its embeddings attached: the target's) for the engine."""
 
-    def __init__(self, head: Eagle3Head):
+    def __init__(self, head: Eagle3Head, margins: list[float] | None = None):
         self.module = head
         self.aux_layer_ids = list(head.aux_layer_ids)
         self.target_ids = head.vocab.target_ids()  # (Vd,) target id of each draft id
+        self.margins = margins  # greedy: each draft's relative top-2 logit gap (the replay's)
 
     def prefill(self, ctx: DraftContext, prompt: list[int], target_hidden) -> None:
         self.ctx = ctx
@@ -108,6 +116,8 @@ class Eagle3Proposer(Proposer):
         if ctx.sampling.greedy:  # the argmax in draft space is the argmax over target ids
             if self.allowed is not None:
                 logits = logits.masked_fill(~self.allowed, float("-inf"))
+            if self.margins is not None:
+                self.margins.append(relative_margin(logits[None]))
             return self.target_ids[logits.argmax(-1, keepdim=True)], None
         rows = self.module.t2d.numel()
         scores = draft_logits_to_target(logits, self.module.d2t, rows)[: ctx.vocab]  # (V,)
@@ -156,10 +166,17 @@ def replay_greedy(
     steps, same crops): its later drafts read its own states, so one pass cannot replace
     them. Costs the head's steps plus one target forward; no timings.
     """
+    return _replay(head, target, prompt_ids, tokens, k, budget, vocab)[0]
+
+
+@torch.inference_mode()
+def _replay(head, target, prompt_ids, tokens, k, budget, vocab) -> tuple[DecodeResult, list]:
+    """replay_greedy's result and the head's relative top-2 logit gap at each draft."""
     prompt, tokens = list(prompt_ids), list(tokens)
     res = DecodeResult(tokens=[], k=k, accepted_at=[0] * k, reached_at=[0] * k)
+    margins: list[float] = []
     if not tokens:
-        return res
+        return res, margins
     seq = prompt + tokens
     aux = target_aux_hidden(target, seq[:-1], head.aux_layer_ids)  # (N-1, 3d): g_0..g_{N-2}
     device = next(target.parameters()).device
@@ -169,7 +186,7 @@ def replay_greedy(
         device,
         None,
     )
-    prop = Eagle3Proposer(head)
+    prop = Eagle3Proposer(head, margins)
     P, i = len(prompt), 0  # i: output tokens committed so far
     with cpu_few_row_linear(head):  # the engine's kernels for the head's steps
         prop.prefill(ctx, prompt, aux[: P - 1])
@@ -190,30 +207,40 @@ def replay_greedy(
             if i < len(tokens):
                 prop.crop(n + acc)
                 prop.observe(new, aux[n - 1 : n + acc])
-    return res
+    return res, margins
 
 
-def teacher_forced_results(
-    head: Eagle3Head, target, refs: Sequence[dict], k: int, max_new_tokens: int, vocab=None
-) -> list[dict]:
-    """replay_greedy per ref ({"id", "category", "prompt_ids", "tokens"}) as result dicts
-    with the engine's count fields and zero timings (as evaluate/teacher_forced.py)."""
-    out = []
-    for r in refs:
-        res = replay_greedy(head, target, r["prompt_ids"], r["tokens"], k, max_new_tokens, vocab)
-        row = res.to_dict()
-        for key in TIMINGS:
-            row[key] = 0 if key.endswith("_n") else 0.0
-        out.append({"id": r["id"], "category": r["category"], **row})
-    return out
+# ----------------------------------------------------------------------------- the kind's replay
+# (teacher_forced.KindReplay; draftsmith/kinds.py registers it as the eagle3 kind's)
 
 
-TIMINGS = (
-    "draft_1tok_time",
-    "draft_1tok_n",
-    "target_1tok_time",
-    "target_1tok_n",
-    "target_verify_time",
-    "target_verify_n",
-    "wall_time",
-)
+def teacher_forced_pass(head, load_target, prompt_ids, tokens, vocab, k, budget) -> dict:
+    """The engine's greedy counts at k (replay_greedy) and the smallest margin of its drafts."""
+    res, margins = _replay(head, load_target(), prompt_ids, tokens, k, budget, vocab)
+    counts = {key: getattr(res, key) for key in (*COUNT_KEYS, "draft_forwards")}
+    return {"counts": counts, "margin": min(margins) if margins else None}
+
+
+def replay_result(record: dict, tokens, k: int, budget: int) -> dict:
+    return counts_result(tokens, k, record["counts"])
+
+
+@torch.inference_mode()
+def draft_step(head: Eagle3Head, load_target, context: Sequence[int], token: int) -> Step:
+    """One speculative 1-token head step (k - 1 of a round's k) on a cache holding the
+    context's verified pairs, cropped back after each run."""
+    target = load_target()
+    aux = target_aux_hidden(target, context, head.aux_layer_ids)  # (C, 3d): g_0..g_{C-1}
+    ids = torch.tensor([list(context[1:])], device=head.device)  # (1, C-1): x_1..x_{C-1}
+    cache = head.new_cache()
+    _, hidden = head.step(cache, ids, aux_hidden=aux[None, :-1])  # (1, d)
+    keep = cache.get_seq_length()
+    tok, prev = torch.tensor([[token]], device=head.device), hidden[:, None]  # (1, 1), (1, 1, d)
+
+    def run() -> None:
+        head.step(cache, tok, prev_hidden=prev)
+
+    return run, lambda: crop_cache(cache, keep)
+
+
+EAGLE3_REPLAY = KindReplay(teacher_forced_pass, replay_result, True, draft_step)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from draftsmith.fast_linear import cpu_few_row_linear
-from draftsmith.kv_cache import cache_kwarg, new_cache
+from draftsmith.kv_cache import cache_kwarg, crop_cache, new_cache
 from draftsmith.sampling import SamplingConfig, sampling_probs
 
 # verify_fn(p (k+1, V), q (k, V), drafted (k,), generator) -> (num_accepted, next_token)
@@ -221,12 +221,6 @@ def as_proposer(draft) -> Proposer | None:
     if draft is None or isinstance(draft, Proposer):
         return draft
     return IndependentProposer(draft)
-
-
-def crop_cache(cache, keep: int) -> None:
-    extra = cache.get_seq_length() - keep
-    if extra > 0:
-        cache.crop(-extra)  # a negative crop removes tokens in transformers 4.x and 5.x
 
 
 # ----------------------------------------------------------------------------- the engine

@@ -24,6 +24,7 @@ Definitions (sums over prompts, so long prompts weigh by their tokens, not one v
 from __future__ import annotations
 
 import random
+import statistics
 from collections.abc import Iterable, Sequence
 
 
@@ -202,6 +203,25 @@ def greedy_rounds(agree: Sequence[bool], k: int, budget: int | None = None) -> d
         out["accepted"] += emitted
         out["rounds"] += 1
         i += acc + 1
+    return out
+
+
+def quartiles(xs: Sequence[float]) -> list[float]:
+    """[q25, median, q75] (inclusive method: a single value gives three equal ones)."""
+    if len(xs) == 1:
+        return [xs[0]] * 3
+    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return [q1, q2, q3]
+
+
+def per_prompt_speedups(spec: Sequence[dict], target_only: Sequence[dict]) -> list[float]:
+    """Each prompt's speculative tokens/s over its target-only tokens/s (aligned lists): the
+    spread behind a pooled wall-clock speedup."""
+    out = []
+    for s, b in zip(spec, target_only):
+        x = speedup(_tokens_per_s([s]), _tokens_per_s([b]))
+        if x is not None:
+            out.append(x)
     return out
 
 

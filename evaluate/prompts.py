@@ -1,13 +1,17 @@
-"""Reading the stage inputs: held-out eval prompts and the drafts to evaluate."""
+"""Reading the stage inputs: held-out eval prompts, grouped into named eval sets, and the
+drafts to evaluate."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from draftsmith.data import load_eval_prompts
+from draftsmith.config import Config
+from draftsmith.data import HELDOUT, load_eval_prompts
 from draftsmith.distill import list_checkpoints
-from draftsmith.errors import DraftsmithError
-from draftsmith.kinds import get_kind
+from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.kinds import get_kind, kind_of
+
+STANDARD_SET = "mtbench"  # the primary eval set by default, when a run has it
 
 
 def load_prompts(output_dir: Path) -> list[dict]:
@@ -20,7 +24,29 @@ def load_prompts(output_dir: Path) -> list[dict]:
             raise DraftsmithError(f"{path}: prompt {p.get('id', i)} has no prompt_ids")
         p.setdefault("id", str(i))
         p.setdefault("category", "default")
+        p["eval_set"] = p.get("eval_set") or HELDOUT
+        p.setdefault("followups", [])
     return prompts
+
+
+def eval_sets(prompts: list[dict], limit: int | None) -> dict[str, list[dict]]:
+    """{set name: its prompts}, sets in file order, each capped at `limit` (select_prompts)."""
+    sets: dict[str, list[dict]] = {}
+    for p in prompts:
+        sets.setdefault(p["eval_set"], []).append(p)
+    return {name: select_prompts(ps, limit) for name, ps in sets.items()}
+
+
+def primary_set(sets: dict[str, list[dict]], wanted: str | None) -> str:
+    """evaluate.primary_eval_set, else mtbench when the run has it, else the first set."""
+    if wanted is None:
+        return STANDARD_SET if STANDARD_SET in sets else next(iter(sets))
+    if wanted not in sets:
+        raise ConfigError(
+            f"evaluate.primary_eval_set: {wanted!r} is not an eval set of this run "
+            f"(have: {', '.join(sets)})"
+        )
+    return wanted
 
 
 def select_prompts(prompts: list[dict], limit: int | None) -> list[dict]:
@@ -112,3 +138,38 @@ def list_drafts(
             "run `draftsmith distill CONFIG` first"
         )
     return drafts
+
+
+def draft_label(draft: dict) -> str:
+    """How errors name a draft: a baseline by its config key, a checkpoint by its name."""
+    if draft.get("role") == "baseline":
+        return f"{draft['key']} ({draft['ref']})"
+    return draft["name"]
+
+
+def check_drafts(cfg: Config, drafts: list[dict]) -> None:
+    """Before any decoding: every draft's files are whole and its tokenizer is the target's.
+
+    A checkpoint needs its training record (draftsmith_checkpoint.json) and complete weight
+    files; every draft needs the target's token -> id map. A baseline with another
+    tokenizer is named by its key (evaluate.baselines[i]) before any other draft runs.
+    """
+    from draftsmith.distill.checkpoint import read_meta
+    from draftsmith.evaluate.ranking import draft_path
+    from draftsmith.evaluate.report import TRAINED_ROLES
+    from draftsmith.integrity import check_weight_files
+    from draftsmith.models import check_tokenizers_compatible, load_target_tokenizer, load_tokenizer
+
+    target_tok = load_target_tokenizer(cfg.target)
+    trust = cfg.target.trust_remote_code
+    for d in drafts:
+        label = draft_label(d)
+        path = Path(draft_path(d))
+        if d.get("role") in TRAINED_ROLES:
+            read_meta(path)
+        if path.is_dir():
+            check_weight_files(path)
+        if not kind_of(d).own_tokenizer:  # an EAGLE-3 head reads the target's own tokens
+            continue
+        tok = load_tokenizer(d["ref"], trust_remote_code=trust, key=d.get("key", "checkpoint"))
+        check_tokenizers_compatible(target_tok, tok, cfg.target.model, label)

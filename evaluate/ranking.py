@@ -3,6 +3,12 @@
 The greedy losslessness check, the ranking of leaderboard rows, the k-sweep entries and
 the recommended k, and where a draft's files are. Neither backend imports the other;
 both import this.
+
+The recommended k rests on what holds still between runs (issue 15: identical runs on this
+shared machine timed k=1 at 0.16x to 1.44x): per-k acceptance, which is deterministic, and
+draft/verify costs measured as medians of interleaved repeats (evaluate/timing.py), through
+the cost-aware model metrics.modelled_speedup(alpha, k, c, v). The wall-clock speedup is
+reported beside it with its spread, never used to choose while a model figure exists.
 """
 
 from __future__ import annotations
@@ -49,12 +55,93 @@ def sweep_entry(row: dict) -> dict:
     return {"k": row["num_speculative_tokens"], **{key: row.get(key) for key in METRIC_KEYS}}
 
 
-def recommend_k(sweep: list[dict]) -> int:
-    """The k with the best measured speedup (the modelled one when nothing was timed)."""
-    measured = [s for s in sweep if s.get("speedup") is not None]
-    pool = measured or sweep
-    key = "speedup" if measured else "modelled_speedup"
-    return max(pool, key=lambda s: s.get(key) or 0.0)["k"]
+def modelled_quartiles(a: float | None, k: int, costs: dict) -> tuple[list, list] | None:
+    """[q25, median, q75] over the timing repeats of the modelled speedup at k, without and
+    with the verify cost: each repeat's c and v_k through metrics.modelled_speedup."""
+    if a is None:
+        return None
+    cs, vs = costs["c"], costs["v"][str(k)]
+    plain = [metrics.modelled_speedup(a, k, c) for c in cs]
+    verify = [metrics.modelled_speedup(a, k, c, v) for c, v in zip(cs, vs)]
+    return metrics.quartiles(plain), metrics.quartiles(verify)
+
+
+def costed_sweep_entry(acceptance: dict, engine: dict | None, costs: dict | None) -> dict:
+    """One native k-sweep point, each figure from where it is best measured: acceptance from
+    `acceptance` (a row over every prompt of the set: the teacher-forced replay when greedy),
+    wall clock from `engine` (a row over the engine's prompts, with the interquartile range
+    of its per-prompt speedups) and c, v and the modelled speedups from the timed `costs`
+    (medians, with their interquartile ranges)."""
+    k = acceptance["num_speculative_tokens"]
+    entry = {
+        **sweep_entry(acceptance),
+        "num_prompts": acceptance["num_prompts"],
+        "acceptance_measured_by": acceptance["measured_by"],
+    }
+    for key in ("speedup", "speedup_iqr", "tokens_per_s", "lossless_match_rate"):
+        entry[key] = engine.get(key) if engine else None
+    entry["engine_prompts"] = engine["num_prompts"] if engine else 0
+    model = modelled_quartiles(acceptance.get("alpha"), k, costs) if costs else None
+    if model is not None:
+        plain, verify = model
+        c, v = costs["draft_cost_ratio"], costs["verify_cost_ratio"][str(k)]
+        entry |= {
+            "draft_cost_ratio": c[1],
+            "draft_cost_iqr": [c[0], c[2]],
+            "verify_cost_ratio": v[1],
+            "verify_cost_iqr": [v[0], v[2]],
+            "modelled_speedup": plain[1],
+            "modelled_speedup_verify": verify[1],
+            "modelled_speedup_iqr": [verify[0], verify[2]],
+        }
+    return entry
+
+
+# The figures a k can be chosen by, most stable first, each with its spread's key.
+K_RULES = (
+    ("modelled_speedup_verify", "modelled_speedup_iqr"),
+    ("speedup", "speedup_iqr"),
+    ("modelled_speedup", None),
+)
+
+
+def _separated(a: dict, b: dict, key: str, spread: str | None) -> bool:
+    """a ranks above b beyond their spreads: a's interquartile range lies above b's."""
+    if spread is None or a.get(spread) is None or b.get(spread) is None:
+        return a[key] > b[key]
+    return a[spread][0] > b[spread][1]
+
+
+def rank_ks(sweep: list[dict], key: str, spread: str | None) -> dict | None:
+    """{"k", "by", "clear", "runner_up"}: the k with the highest `key` (ties: the smaller k);
+    clear unless its spread overlaps the runner-up's. None when no entry has `key`."""
+    pool = sorted((s for s in sweep if s.get(key) is not None), key=lambda s: (-s[key], s["k"]))
+    if not pool:
+        return None
+    second = pool[1] if len(pool) > 1 else None
+    return {
+        "k": pool[0]["k"],
+        "by": key,
+        "clear": second is None or _separated(pool[0], second, key, spread),
+        "runner_up": second["k"] if second else None,
+    }
+
+
+def recommend_k(sweep: list[dict]) -> dict:
+    """The k to serve with: the highest modelled speedup with the timed verify cost (the
+    measured speedup only where no model figure exists: vLLM), ties to the smaller k.
+
+    Returns {"k", "by", "clear", "runner_up", "wall_clock"}: `by` names the figure that
+    chose; `clear` is False when the
+    spreads are too wide to rank the winner above the runner-up; `wall_clock` ranks the
+    measured speedups the same way, reported beside the recommendation, not used for it.
+    """
+    for key, spread in K_RULES:
+        choice = rank_ks(sweep, key, spread)
+        if choice is not None:
+            return {**choice, "wall_clock": rank_ks(sweep, "speedup", "speedup_iqr")}
+    # nothing timed at all (no tokens decoded): the first k swept, marked unranked
+    return {"k": sweep[0]["k"], "by": None, "clear": False, "runner_up": None, "wall_clock": None}
 
 
 def draft_path(draft: dict) -> str:

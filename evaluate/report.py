@@ -1,10 +1,18 @@
-"""Leaderboard files, the printed table, PNG plots and the W&B log of an evaluation."""
+"""Leaderboard files, the printed table, PNG plots and the W&B log of an evaluation.
+
+A leaderboard holds rows for every eval set; within a set, a draft has one row over every
+prompt (`measured_by` "teacher_forced" when greedy, "engine" when sampled) and, for the
+drafts the engine decoded, one "engine" row over its prompts. `ranking_rows` picks the
+former: the rows drafts are ranked, plotted and compared by.
+"""
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
+import os
 from pathlib import Path
 
 from draftsmith.config import Config
@@ -25,12 +33,21 @@ METRIC_COLUMNS = (
     ("tokens_per_s", "tok/s", "{:.1f}"),
 )
 METRIC_KEYS = tuple(key for key, _, _ in METRIC_COLUMNS)
+# Drafts this run trained (evaluate/prompts.py list_drafts): their checkpoints record how.
+TRAINED_ROLES = ("init", "distilled", "ce_twin")
 TABLE_COLUMNS = (
     ("checkpoint", "checkpoint", "{}"),
     ("kind", "kind", "{}"),
     ("step", "step", "{}"),
-    *METRIC_COLUMNS,
+    ("measured_by", "by", "{}"),
+    ("num_prompts", "n", "{}"),
+    *METRIC_COLUMNS[:3],
+    ("speedup", "speedup", "{:.2f}x"),
+    ("speedup_iqr", "(IQR)", "{:.2f}"),
+    *METRIC_COLUMNS[4:],
 )
+BY_SHORT = {"teacher_forced": "tf", "engine": "engine"}
+BY_COLUMN = [key for key, _, _ in TABLE_COLUMNS].index("measured_by")
 CSV_FIELDS = (
     "checkpoint",
     "kind",
@@ -45,12 +62,17 @@ CSV_FIELDS = (
     "target_forwards",
     "per_position_acceptance",
     "path",
+    "eval_set",
+    "measured_by",
+    "speedup_iqr",
 )
 
 
 def _cell(value, fmt: str) -> str:
     if value is None:
         return "-"
+    if isinstance(value, list) and fmt != "{}":  # an interquartile range: lo-hi
+        return "-".join(fmt.format(v) for v in value)
     if isinstance(value, list):
         return ";".join("" if v is None else f"{v:.4f}" for v in value)
     try:
@@ -68,27 +90,123 @@ def leaderboard_csv(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-def format_table(board: dict) -> str:
-    """A plain-text leaderboard, best row marked with '*'."""
-    header = [title for _, title, _ in TABLE_COLUMNS]
-    body = []
-    for row in board["rows"]:
-        cells = [_cell(row.get(key), fmt) for key, _, fmt in TABLE_COLUMNS]
-        if row["checkpoint"] == board["best"]:
-            cells[0] = "*" + cells[0]
-        body.append(cells)
+def ranking_rows(rows: list[dict], eval_set: str | None = None) -> list[dict]:
+    """Per (set, draft) the row over every prompt: teacher-forced where there is one, else
+    the engine's (sampled, vLLM, or a leaderboard from before `measured_by`)."""
+    chosen: dict[tuple, dict] = {}
+    for r in rows:
+        if eval_set is not None and r.get("eval_set") != eval_set:
+            continue
+        key = (r.get("eval_set"), r["checkpoint"])
+        if key not in chosen or r.get("measured_by") == "teacher_forced":
+            chosen[key] = r
+    return list(chosen.values())
+
+
+def _grid(header: list[str], body: list[list[str]]) -> list[str]:
     widths = [max(len(c) for c in col) for col in zip(header, *body)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cells, widths)) for cells in [header, *body]]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    sweep = ", ".join(
-        f"k={s['k']}: {_cell(s.get('speedup'), '{:.2f}x')} (modelled {_cell(s.get('modelled_speedup'), '{:.2f}x')})"
-        for s in board.get("k_sweep", [])
+    return lines
+
+
+def _row_table(rows: list[dict], best: str | None) -> list[str]:
+    body = []
+    for row in rows:
+        cells = [_cell(row.get(key), fmt) for key, _, fmt in TABLE_COLUMNS]
+        cells[BY_COLUMN] = BY_SHORT.get(row.get("measured_by"), cells[BY_COLUMN])
+        if row["checkpoint"] == best:
+            cells[0] = "*" + cells[0]
+        body.append(cells)
+    return _grid([title for _, title, _ in TABLE_COLUMNS], body)
+
+
+def category_table(rows: list[dict]) -> list[str]:
+    """Acceptance rate per category (columns) of each draft (lines): its ranking row."""
+    ranked = ranking_rows(rows)
+    cats = sorted({c for r in ranked for c in r.get("per_category", {})})
+    if len(cats) < 2:
+        return []
+    body = [
+        [r["checkpoint"]]
+        + [_cell(r["per_category"].get(c, {}).get("acceptance_rate"), "{:.3f}") for c in cats]
+        for r in ranked
+    ]
+    return ["acceptance rate per category:", *_grid(["checkpoint", *cats], body)]
+
+
+def _set_heading(board: dict, name: str) -> str:
+    info = board.get("eval_sets", {}).get(name, {})
+    primary = (
+        " (primary: best draft and k chosen here)" if name == board.get("primary_eval_set") else ""
     )
-    lines.append(
-        f"best: {board['best']} by {board['select_metric']}; k sweep: {sweep}; "
-        f"recommended k = {board['recommended_k']}"
-    )
-    lines += [format_comparison(c) for c in board.get("comparisons", [])]
+    engine = info.get("engine_prompts")
+    size = f"{info.get('num_prompts')} prompts, engine on {engine}" if info else ""
+    return f"== eval set {name}{primary}: {size} ==" if size else f"== eval set {name}{primary} =="
+
+
+def format_sweep(board: dict) -> list[str]:
+    """The k sweep, one line per k: acceptance, the modelled speedup from timed costs and the
+    wall clock, each with its interquartile range."""
+    lines = []
+    for s in board.get("k_sweep", []):
+        parts = [
+            f"k={s['k']}: accept {_cell(s.get('acceptance_rate'), '{:.3f}')}",
+            f"tok/fwd {_cell(s.get('mean_accepted_length'), '{:.2f}')}",
+            f"modelled {_cell(s.get('modelled_speedup_verify'), '{:.2f}x')} "
+            f"[{_cell(s.get('modelled_speedup_iqr'), '{:.2f}')}] "
+            f"(c {_cell(s.get('draft_cost_ratio'), '{:.3f}')}, "
+            f"v {_cell(s.get('verify_cost_ratio'), '{:.2f}')})",
+            f"measured {_cell(s.get('speedup'), '{:.2f}x')} [{_cell(s.get('speedup_iqr'), '{:.2f}')}]",
+        ]
+        lines.append("  " + ", ".join(parts))
+    return lines
+
+
+def format_recommendation(board: dict) -> str:
+    """Which k, by which figure, and whether the spreads allow ranking it first."""
+    rec = board.get("k_recommendation") or {}
+    k = board["recommended_k"]
+    if not rec.get("by"):
+        return f"recommended k = {k}"
+    how = {
+        "modelled_speedup_verify": "the modelled speedup (acceptance per k x timed costs)",
+        "speedup": "the measured speedup",
+        "modelled_speedup": "the modelled speedup",
+    }[rec["by"]]
+    line = f"recommended k = {k}, by {how}"
+    if rec.get("runner_up") is not None:
+        line += (
+            f"; clear of k={rec['runner_up']}"
+            if rec.get("clear")
+            else f"; the spread is too wide to rank it above k={rec['runner_up']} "
+            "(interquartile ranges overlap)"
+        )
+    wall = rec.get("wall_clock")
+    if wall and rec["by"] != "speedup":
+        verdict = "clear" if wall["clear"] else "spread too wide to rank"
+        line += f". Wall clock ranks k={wall['k']} first ({verdict})"
+    return line
+
+
+def format_table(board: dict) -> str:
+    """A plain-text leaderboard per eval set (the best draft's rows marked with '*'), the k
+    sweep, the recommended k and the paired comparisons."""
+    lines = []
+    primary = board.get("primary_eval_set")
+    for name in dict.fromkeys(r.get("eval_set") for r in board["rows"]):
+        rows = [r for r in board["rows"] if r.get("eval_set") == name]
+        if name is not None:
+            lines.append(_set_heading(board, name))
+        lines += _row_table(rows, board["best"] if name == primary else None)
+        lines += category_table(rows)
+    where = f" on {primary}" if primary else ""
+    lines.append(f"best: {board['best']} by {board['select_metric']}{where}; k sweep:")
+    lines += format_sweep(board)
+    lines.append(format_recommendation(board))
+    for c in board.get("comparisons", []):
+        prefix = f"[{c['eval_set']}] " if c.get("eval_set") else ""
+        lines.append(prefix + format_comparison(c))
     return "\n".join(lines)
 
 
@@ -111,7 +229,7 @@ def format_comparison(c: dict) -> str:
 
 
 def _save(fig, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp-plot.png")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}.png")  # pid: clean_stale_temps
     fig.savefig(tmp, dpi=110, bbox_inches="tight")
     tmp.replace(path)
 
@@ -164,7 +282,47 @@ def plot_per_position(row: dict, path: Path) -> Path:
     return path
 
 
+def plot_eval_sets(rows: list[dict], path: Path) -> Path | None:
+    """Acceptance rate against training step, a line per eval set (ranking rows)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = sorted(
+        (r for r in ranking_rows(rows) if r.get("step") is not None), key=lambda r: r["step"]
+    )
+    sets = list(dict.fromkeys(r.get("eval_set") for r in steps))
+    if not steps or len(sets) < 2:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name in sets:
+        mine = [r for r in steps if r.get("eval_set") == name]
+        ax.plot(
+            [r["step"] for r in mine], [r.get("acceptance_rate") for r in mine], "o-", label=name
+        )
+    ax.set_xlabel("training step")
+    ax.set_ylabel("acceptance rate")
+    ax.set_title("acceptance per eval set")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+    plt.close(fig)
+    return path
+
+
+def _errors(values: list, spreads: list) -> list[list[float]] | None:
+    """matplotlib yerr (below, above) from [q25, q75] spreads; None when none has one. A
+    pooled speedup can lie outside its per-prompt range: that side gets no bar."""
+    if not any(spreads):
+        return None
+    lo = [max(0.0, v - q[0]) if v is not None and q else 0.0 for v, q in zip(values, spreads)]
+    hi = [max(0.0, q[1] - v) if v is not None and q else 0.0 for v, q in zip(values, spreads)]
+    return [lo, hi]
+
+
 def plot_k_sweep(sweep: list[dict], path: Path) -> Path | None:
+    """Measured and modelled speedup against k, each with its interquartile range."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -174,8 +332,15 @@ def plot_k_sweep(sweep: list[dict], path: Path) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ks = [s["k"] for s in sweep]
-    ax.plot(ks, [s.get("speedup") for s in sweep], "o-", label="measured")
-    ax.plot(ks, [s.get("modelled_speedup") for s in sweep], "s--", label="modelled")
+    for key, spread, style, label in (
+        ("speedup", "speedup_iqr", "o-", "measured (wall clock)"),
+        ("modelled_speedup_verify", "modelled_speedup_iqr", "s--", "modelled (timed c, v)"),
+    ):
+        ys = [s.get(key) for s in sweep]
+        if any(y is not None for y in ys):
+            yerr = _errors(ys, [s.get(spread) for s in sweep])
+            ys = [float("nan") if y is None else y for y in ys]
+            ax.errorbar(ks, ys, yerr=yerr, fmt=style, capsize=3, label=label)
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xlabel("k (speculative tokens)")
     ax.set_ylabel("speedup over target-only")
@@ -198,15 +363,19 @@ def log_wandb(cfg: Config, board: dict, images: list[Path]) -> None:
 
         run.define_metric("eval/step")
         run.define_metric("eval/*", step_metric="eval/step")
-        for row in board["rows"]:
+        primary = board.get("primary_eval_set")
+        by_step: dict[int, dict] = {}
+        for row in ranking_rows(board["rows"]):
             if row.get("step") is None:
                 continue
-            logged = {
-                f"eval/{k}": row[k]
-                for k in ("acceptance_rate", "mean_accepted_length", "speedup", "draft_cost_ratio")
-                if row.get(k) is not None
-            }
-            run.log({"eval/step": row["step"], **logged})
+            logged = by_step.setdefault(row["step"], {"eval/step": row["step"]})
+            for k in ("acceptance_rate", "alpha", "mean_accepted_length"):
+                if row.get(k) is not None:
+                    logged[f"eval/{row.get('eval_set')}/{k}"] = row[k]
+                    if row.get("eval_set") == primary:
+                        logged[f"eval/{k}"] = row[k]
+        for step in sorted(by_step):
+            run.log(by_step[step])
         table = wandb.Table(columns=list(CSV_FIELDS))
         for row in board["rows"]:
             table.add_data(
@@ -215,11 +384,10 @@ def log_wandb(cfg: Config, board: dict, images: list[Path]) -> None:
                     for f in CSV_FIELDS
                 ]
             )
-        sweep = wandb.Table(columns=["k", "speedup", "modelled_speedup", "acceptance_rate"])
+        cols = ["k", "acceptance_rate", "modelled_speedup_verify", "speedup"]
+        sweep = wandb.Table(columns=cols)
         for s in board["k_sweep"]:
-            sweep.add_data(
-                s["k"], s.get("speedup"), s.get("modelled_speedup"), s.get("acceptance_rate")
-            )
+            sweep.add_data(*[s.get(c) for c in cols])
         run.log(
             {
                 "leaderboard": table,
@@ -227,17 +395,54 @@ def log_wandb(cfg: Config, board: dict, images: list[Path]) -> None:
                 **{f"plots/{p.stem}": wandb.Image(str(p)) for p in images},
             }
         )
-        run.summary.update({"best": board["best"], "recommended_k": board["recommended_k"]})
+        run.summary.update(
+            {
+                "best": board["best"],
+                "recommended_k": board["recommended_k"],
+                "primary_eval_set": primary,
+            }
+        )
+
+
+def best_row(board: dict) -> dict:
+    """The best draft's ranking row on the primary set."""
+    rows = ranking_rows(board["rows"], board.get("primary_eval_set"))
+    return next(r for r in rows if r["checkpoint"] == board["best"])
+
+
+def portable_board(cfg: Config, board: dict) -> dict:
+    """The board as recorded: draft paths relative to the run dir (a copied or moved run
+    keeps pointing at its own files), each row with what its draft was trained with (from
+    the checkpoint's own record, not the config), and the evaluate settings it ran with."""
+    from draftsmith.distill.checkpoint import read_meta
+    from draftsmith.rundir import from_run, run_relative
+
+    rows = []
+    for row in board["rows"]:
+        row = {**row, "path": run_relative(row["path"], cfg.output_dir)}
+        if row.get("role") in TRAINED_ROLES:
+            meta = read_meta(from_run(row["path"], cfg.output_dir))
+            row["trained_with"] = {"init": meta.get("init"), **meta.get("settings", {})}
+        rows.append(row)
+    best_path = run_relative(board["best_path"], cfg.output_dir)
+    return {
+        **board,
+        "best_path": best_path,
+        "rows": rows,
+        "evaluate": dataclasses.asdict(cfg.evaluate),
+    }
 
 
 def write_reports(cfg: Config, board: dict, eval_dir: Path) -> None:
     eval_dir = Path(eval_dir)
+    board = portable_board(cfg, board)
     atomic_write_json(eval_dir / "leaderboard.json", board)
     atomic_write_text(eval_dir / "leaderboard.csv", leaderboard_csv(board["rows"]))
-    best = next(r for r in board["rows"] if r["checkpoint"] == board["best"])
+    primary = ranking_rows(board["rows"], board.get("primary_eval_set"))
     images = [
-        plot_training_curves(board["rows"], eval_dir / "acceptance_vs_step.png"),
-        plot_per_position(best, eval_dir / "per_position_best.png"),
+        plot_training_curves(primary, eval_dir / "acceptance_vs_step.png"),
+        plot_eval_sets(board["rows"], eval_dir / "acceptance_by_set.png"),
+        plot_per_position(best_row(board), eval_dir / "per_position_best.png"),
         plot_k_sweep(board["k_sweep"], eval_dir / "k_sweep.png"),
     ]
     print(format_table(board))

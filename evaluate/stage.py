@@ -1,21 +1,41 @@
-"""`draftsmith evaluate CONFIG`: every checkpoint as a real speculative decoder, ranked.
+"""`draftsmith evaluate CONFIG`: every checkpoint ranked exactly, the best ones decoded for real.
 
-Flow: eval prompts (capped by evaluate.max_prompts) -> the target-only baseline (cached once
-per prompt set and settings) -> each draft at k = evaluate.num_speculative_tokens (cached per
-draft) with a greedy losslessness check -> ranking by evaluate.select_metric -> a k sweep of
-the best draft -> leaderboard.{json,csv}, plots, a printed table and a W&B log.
+Flow, for every named eval set of data/eval_prompts.jsonl (each capped by evaluate.max_prompts;
+with evaluate.turn2 also `<set>-turn2`, evaluate/turn2.py):
+  1. the target-only baseline: every prompt decoded by the engine without a draft (its
+     timings, and at temperature 0 the target's own greedy output);
+  2. every draft on every prompt at k = evaluate.num_speculative_tokens: greedy, one
+     teacher-forced pass over the target's output replayed into the engine's exact counts
+     (each draft kind's own replay, draftsmith/kinds.py: evaluate/teacher_forced.py for an
+     independent draft, one per k for an EAGLE-3 head);
+     sampled, the engine itself;
+  3. greedy: the real engine on the best draft of each kind and the drafts in
+     `comparisons`, on at most evaluate.engine_max_prompts prompts per set: wall clock,
+     cost ratios, the losslessness check, and a check that its counts equal the replay's;
+  4. the best draft by evaluate.select_metric on evaluate.primary_eval_set, its k sweep on
+     that set and its draft/verify costs timed robustly (evaluate/timing.py) -> the
+     recommended k (ranking.recommend_k);
+  5. leaderboard.{json,csv}, plots, a printed table and a W&B log (evaluate/report.py).
 
-Cache files live in <out>/eval/results/: `target-only-<settings>.json` and
-`<draft>-k<k>-t<temperature>.json`, each holding the settings they were measured under; a
-file whose settings differ (other prompts, max_new_tokens, target, a rewritten checkpoint) is
-measured again. Models are identified by content (models.model_fingerprint), so a copied
-run dir reuses its results. Writes are atomic, so a killed run leaves no half result.
+Every row carries `eval_set` and `measured_by`: "teacher_forced" (exact counts over every
+prompt of the set, no timings) or "engine" (real decoding of its `num_prompts` prompts).
+
+Cache files live in <out>/eval/results/: `target-only-<set>-<settings>.json`,
+`<draft>-<set>-tf.json` (the teacher-forced pass; `-tf-k<k>.json` for a kind whose pass
+depends on k), `<draft>-<set>-k<k>-t<temperature>.json`
+(the engine), `costs-<draft>-<settings>.json` (the timing) and
+`turn1-answers-<set>-<settings>.json`, each holding the settings they were measured under;
+a file whose settings differ (other prompts, max_new_tokens, target, a rewritten
+checkpoint) is measured again. Models are identified by content
+(models.model_fingerprint), so a copied run dir reuses its results. Writes are atomic, so a
+killed run leaves no half result.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import platform
 import re
 import zlib
@@ -25,23 +45,32 @@ import torch
 from tqdm.auto import tqdm
 
 from draftsmith.config import Config
-from draftsmith.evaluate import metrics, report
+from draftsmith.errors import DraftsmithError
+from draftsmith.evaluate import metrics, report, teacher_forced, timing, turn2
 from draftsmith.evaluate.engine import SamplingConfig, SpeculativeDecoder
-from draftsmith.evaluate.prompts import list_drafts, load_prompts, select_prompts
+from draftsmith.evaluate.prompts import (
+    check_drafts,
+    eval_sets,
+    list_drafts,
+    load_prompts,
+    primary_set,
+    select_prompts,
+)
 from draftsmith.evaluate.ranking import (
     check_lossless,
+    costed_sweep_entry,
     draft_path,
     pick_best,
     recommend_k,
-    sweep_entry,
 )
 from draftsmith.io import atomic_write_json, clean_stale_temps, kill_hook
-from draftsmith.kinds import proposer_for
+from draftsmith.kinds import kind_of
 from draftsmith.models import (
     check_tokenizers_compatible,
     eos_token_ids,
     load_model,
     load_target,
+    load_target_config,
     load_target_tokenizer,
     load_tokenizer,
     model_fingerprint,
@@ -49,6 +78,7 @@ from draftsmith.models import (
     pick_dtype,
     resolve_model,
 )
+from draftsmith.rundir import record_config
 from draftsmith.vocab import token_id_count
 
 # ----------------------------------------------------------------------------- cache keys
@@ -59,16 +89,18 @@ def _fingerprint(ref: str) -> str:
     return model_fingerprint(ref) or ref
 
 
+def _prompts_key(prompts: list[dict]) -> str:
+    ids = [[p["id"], p["prompt_ids"]] for p in prompts]
+    return hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]
+
+
 def _settings(cfg: Config, prompts: list[dict], target_path: str) -> dict:
     ev = cfg.evaluate
-    ids = hashlib.sha256(
-        json.dumps([[p["id"], p["prompt_ids"]] for p in prompts]).encode()
-    ).hexdigest()[:16]
     return {
         "backend": ev.backend,
         "target": _fingerprint(target_path),
         "revision": cfg.target.revision,
-        "prompts": ids,
+        "prompts": _prompts_key(prompts),
         "max_new_tokens": ev.max_new_tokens,
         "temperature": ev.temperature,
         "top_p": ev.top_p,
@@ -161,87 +193,223 @@ def decode_prompts(decoder: SpeculativeDecoder, prompts: list[dict], cfg: Config
 
 
 class NativeEvaluator:
-    """Runs and caches target-only and speculative decoding with the torch engine."""
+    """Runs and caches the torch engine, the teacher-forced replay and the cost timing."""
 
-    def __init__(self, cfg: Config, prompts: list[dict], results_dir: Path):
-        self.cfg, self.prompts, self.dir = cfg, prompts, results_dir
-        self.models = _Models(cfg)
+    def __init__(self, cfg: Config, results_dir: Path, models: _Models | None = None):
+        self.cfg, self.dir = cfg, results_dir
+        self.models = models or _Models(cfg)
         self.target_path = resolve_model(cfg.target.model, "target.model")
-        self.settings = _settings(cfg, prompts, self.target_path)
         self.sampling = _sampling(cfg)
         self._draft_cache: dict[str, object] = {}
+        self._passes: dict[tuple, list[dict]] = {}
+
+    def settings(self, prompts: list[dict]) -> dict:
+        return _settings(self.cfg, prompts, self.target_path)
+
+    def _cached(self, path: Path, settings: dict, make) -> dict:
+        """The file's data when its settings match, else make() written there (atomically)."""
+        hit = _load_cached(path, settings)
+        if hit is not None:
+            return hit
+        data = {"settings": settings, **make()}
+        atomic_write_json(path, data)
+        return data
 
     def _eos(self):
         return eos_token_ids(self.models.tokenizer(), self.models.target().generation_config)
 
-    def baseline(self) -> list[dict]:
-        path = self.dir / f"target-only-{_settings_key(self.settings)}.json"
-        cached = _load_cached(path, self.settings)
-        if cached:
-            return cached["results"]
-        decoder = SpeculativeDecoder(
+    def _decoder(self, proposer, k: int) -> SpeculativeDecoder:
+        return SpeculativeDecoder(
             self.models.target(),
-            None,
-            sampling=self.sampling,
-            eos_ids=self._eos(),
-            few_row_linear=self.cfg.evaluate.cpu_few_row_linear,
-            num_ids=token_id_count(self.models.tokenizer()),
-        )
-        results = decode_prompts(decoder, self.prompts, self.cfg, "target-only")
-        atomic_write_json(path, {"settings": self.settings, "results": results})
-        return results
-
-    def result_path(self, draft: dict, k: int) -> Path:
-        return self.dir / f"{_safe(draft['name'])}-k{k}-t{self.cfg.evaluate.temperature:g}.json"
-
-    def cached(self, draft: dict, k: int) -> dict | None:
-        settings = {**self.settings, "draft": _fingerprint(draft["ref"]), "k": k}
-        return _load_cached(self.result_path(draft, k), settings)
-
-    def evaluate(self, draft: dict, k: int, base: list[dict]) -> dict:
-        """Per-prompt results of `draft` at k (from the cache when the settings match)."""
-        settings = {**self.settings, "draft": _fingerprint(draft["ref"]), "k": k}
-        hit = self.cached(draft, k)
-        if hit:
-            return hit
-        if draft["name"] not in self._draft_cache:  # keep one draft loaded, as its kind's proposer
-            self._draft_cache = {draft["name"]: proposer_for(draft, self.models)}
-        decoder = SpeculativeDecoder(
-            self.models.target(),
-            self._draft_cache[draft["name"]],
+            proposer,
             k=k,
             sampling=self.sampling,
             eos_ids=self._eos(),
             few_row_linear=self.cfg.evaluate.cpu_few_row_linear,
             num_ids=token_id_count(self.models.tokenizer()),
         )
-        results = decode_prompts(decoder, self.prompts, self.cfg, f"{draft['name']} k={k}")
-        rate = None
-        if self.sampling.greedy:
-            rate = check_lossless(draft["name"], results, base, self.cfg.evaluate.on_mismatch)
-        data = {"settings": settings, "lossless_match_rate": rate, "results": results}
-        atomic_write_json(self.result_path(draft, k), data)
-        kill_hook(f"evaluate:{draft['name']}:k{k}")
+
+    def draft_model(self, draft: dict):
+        """The module `draft`'s kind runs (an HF model, or an EAGLE-3 head on the target)."""
+        if draft["name"] not in self._draft_cache:  # keep one draft loaded
+            self._draft_cache = {draft["name"]: kind_of(draft).load(draft, self.models)}
+        return self._draft_cache[draft["name"]]
+
+    # -- the target alone -------------------------------------------------------------------
+
+    def baseline(self, name: str, prompts: list[dict]) -> list[dict]:
+        settings = self.settings(prompts)
+        path = self.dir / f"target-only-{_safe(name)}-{_settings_key(settings)}.json"
+
+        def make():
+            decoder = self._decoder(None, 0)
+            return {"results": decode_prompts(decoder, prompts, self.cfg, f"target-only {name}")}
+
+        return self._cached(path, settings, make)["results"]
+
+    # -- the teacher-forced replay (greedy) -------------------------------------------------
+
+    def teacher_forced(self, draft: dict, name: str, prompts: list[dict], base: list[dict], k):
+        """Per prompt the kind's teacher-forced record (with "margin") over the target's greedy
+        output (`base`): one pass for every k, or one per k for a kind whose pass depends on it."""
+        replay = kind_of(draft).replay()
+        at = k if replay.per_k else None
+        key = (draft["name"], name, at)
+        if key in self._passes:
+            return self._passes[key]
+        kind = draft.get("kind") or "independent"
+        settings = {**self.settings(prompts), "draft": _fingerprint(draft["ref"]), "replay": kind}
+        suffix = "" if at is None else f"-k{at}"
+        if at is not None:
+            settings["k"] = at
+        path = self.dir / f"{_safe(draft['name'])}-{_safe(name)}-tf{suffix}.json"
+
+        def make():
+            model, vocab = self.draft_model(draft), token_id_count(self.models.tokenizer())
+            budget = self.cfg.evaluate.max_new_tokens
+            out = []
+            for p, b in zip(prompts, base):
+                record = replay.teacher_forced_pass(
+                    model, self.models.target, p["prompt_ids"], b["tokens"], vocab, k, budget
+                )
+                out.append({"id": p["id"], **record})
+            return {"results": out}
+
+        results = self._cached(path, settings, make)["results"]
+        kill_hook(f"evaluate:{draft['name']}:{name}:tf")
+        self._passes[key] = results
+        return results
+
+    def replayed(self, draft: dict, name: str, prompts: list[dict], base: list[dict], k: int):
+        """Per-prompt results with the engine's count fields at k, from the replay."""
+        budget, replay = self.cfg.evaluate.max_new_tokens, kind_of(draft).replay()
+        return [
+            {
+                "id": b["id"],
+                "category": b["category"],
+                "margin": a["margin"],
+                **replay.result(a, b["tokens"], k, budget),
+            }
+            for a, b in zip(self.teacher_forced(draft, name, prompts, base, k), base)
+        ]
+
+    # -- the engine ---------------------------------------------------------------------------
+
+    def engine(self, draft: dict, name: str, prompts: list[dict], base: list[dict], k: int):
+        """{"lossless_match_rate", "results"} of `draft` at k on these prompts (cached)."""
+        settings = {**self.settings(prompts), "draft": _fingerprint(draft["ref"]), "k": k}
+        t = self.cfg.evaluate.temperature
+        path = self.dir / f"{_safe(draft['name'])}-{_safe(name)}-k{k}-t{t:g}.json"
+
+        def make():
+            decoder = self._decoder(kind_of(draft).proposer(self.draft_model(draft)), k)
+            results = decode_prompts(decoder, prompts, self.cfg, f"{draft['name']} {name} k={k}")
+            rate = None
+            if self.sampling.greedy:
+                rate = check_lossless(draft["name"], results, base, self.cfg.evaluate.on_mismatch)
+            return {"lossless_match_rate": rate, "results": results}
+
+        data = self._cached(path, settings, make)
+        kill_hook(f"evaluate:{draft['name']}:{name}:k{k}")
         return data
+
+    def engine_row(self, draft: dict, name: str, prompts: list[dict], base: list[dict], k: int):
+        """Greedy: the engine on the set's first evaluate.engine_max_prompts prompts (round
+        robin over categories), its counts checked against the replay's."""
+        chosen = {id(p) for p in select_prompts(prompts, self.cfg.evaluate.engine_max_prompts)}
+        idx = [i for i, p in enumerate(prompts) if id(p) in chosen]
+        sub, sub_base = [prompts[i] for i in idx], [base[i] for i in idx]
+        data = self.engine(draft, name, sub, sub_base, k)
+        row = build_row(draft, data["results"], sub_base, self.cfg, k, name, "engine", data)
+        replayed = self.replayed(draft, name, prompts, base, k)
+        row["replay_match_rate"] = teacher_forced.check_replay(
+            f"{draft['name']} on {name} at k={k}",
+            data["results"],
+            [replayed[i] for i in idx],
+            sub_base,
+            near_tie=math.sqrt(torch.finfo(self.models.dtype).eps),
+        )
+        return row
+
+    # -- costs and the k sweep ----------------------------------------------------------------
+
+    def costs(self, draft: dict, prompts: list[dict], base: list[dict], ks: list[int]) -> dict:
+        """c and v_k of `draft`, timed on the set's median-length prompt + the target's output."""
+        ev = self.cfg.evaluate
+        settings = {
+            **self.settings(prompts),
+            "draft": _fingerprint(draft["ref"]),
+            "ks": sorted(set(ks)),
+            "repeats": ev.cost_repeats,
+        }
+        path = self.dir / f"costs-{_safe(draft['name'])}-{_settings_key(settings)}.json"
+
+        def make():
+            order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]["prompt_ids"]))
+            i = order[len(order) // 2]
+            output = base[i]["tokens"]
+            context = list(prompts[i]["prompt_ids"]) + list(output)
+            model = self.draft_model(draft)
+            step = kind_of(draft).replay().draft_step(model, self.models.target, context, output[0])
+            target = self.models.target()
+            few = ev.cpu_few_row_linear
+            return timing.measure_costs(
+                target, step, context, output, settings["ks"], ev.cost_repeats, few, draft=model
+            )
+
+        return self._cached(path, settings, make)
+
+    def sweep(self, draft: dict, name: str, prompts: list[dict], base: list[dict]):
+        """The k sweep of `draft` on one set: acceptance per k on every prompt (replayed when
+        greedy), the engine's wall clock, and the modelled speedup from the timed costs."""
+        ev = self.cfg.evaluate
+        costs = self.costs(draft, prompts, base, ev.k_sweep)
+        out = []
+        for k in ev.k_sweep:
+            if self.sampling.greedy:
+                results = self.replayed(draft, name, prompts, base, k)
+                acc = build_row(draft, results, base, self.cfg, k, name, "teacher_forced")
+                eng = self.engine_row(draft, name, prompts, base, k)
+            else:
+                data = self.engine(draft, name, prompts, base, k)
+                acc = eng = build_row(
+                    draft, data["results"], base, self.cfg, k, name, "engine", data
+                )
+            out.append(costed_sweep_entry(acc, eng, costs))
+        return out, costs
 
 
 # ----------------------------------------------------------------------------- rows and ranking
 
 
-def build_row(draft: dict, path: str, data: dict, base: list[dict], cfg: Config, k: int) -> dict:
-    spec = data["results"]
-    summary = metrics.summarize(spec, base, k)
-    cats = [r["category"] for r in spec]
+def build_row(
+    draft: dict,
+    results: list[dict],
+    base: list[dict],
+    cfg: Config,
+    k: int,
+    eval_set: str,
+    measured_by: str,
+    data: dict | None = None,
+) -> dict:
+    """One leaderboard row: `draft` at k on `eval_set`, from per-prompt results (`data`: the
+    engine's cache entry, for the lossless check)."""
+    engine = measured_by == "engine"
+    speedups = metrics.per_prompt_speedups(results, base) if engine else []
+    q = metrics.quartiles(speedups) if speedups else None
     return {
         "checkpoint": draft["name"],
-        "kind": draft.get("kind", "independent"),
-        "path": path,
+        "path": draft_path(draft),
         "step": draft["step"],
         "role": draft.get("role"),
+        "kind": draft.get("kind") or "independent",
         "trained_steps": draft["trained_steps"],
-        **summary,
-        "per_category": metrics.per_category(spec, base, cats, k),
-        "lossless_match_rate": data.get("lossless_match_rate"),
+        "eval_set": eval_set,
+        "measured_by": measured_by,
+        **metrics.summarize(results, base, k),
+        "speedup_iqr": [q[0], q[2]] if q else None,
+        "per_category": metrics.per_category(results, base, [r["category"] for r in results], k),
+        "lossless_match_rate": (data or {}).get("lossless_match_rate"),
         "num_speculative_tokens": k,
         "temperature": cfg.evaluate.temperature,
         "backend": cfg.evaluate.backend,
@@ -254,44 +422,29 @@ def hardware() -> str:
     return f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
 
 
-def _native_rows(cfg: Config, prompts: list[dict], drafts: list[dict], results_dir: Path):
-    ev = cfg.evaluate
-    runner = NativeEvaluator(cfg, prompts, results_dir)
-    todo = [d for d in drafts if runner.cached(d, ev.num_speculative_tokens) is None]
-    print(
-        f"[evaluate] {len(drafts)} drafts, {len(todo)} to evaluate "
-        f"({len(drafts) - len(todo)} cached), {len(prompts)} prompts, k={ev.num_speculative_tokens}"
-    )
-    base = runner.baseline()
-    rows, per_prompt = [], {}
-    for d in tqdm(drafts, desc="drafts", dynamic_ncols=True):
-        data = runner.evaluate(d, ev.num_speculative_tokens, base)
-        per_prompt[d["name"]] = data["results"]
-        rows.append(build_row(d, draft_path(d), data, base, cfg, ev.num_speculative_tokens))
-    best = pick_best(rows, ev.select_metric)
-    best_draft = next(d for d in drafts if d["name"] == best["checkpoint"])
-    sweep = []
-    for k in tqdm(ev.k_sweep, desc=f"k sweep {best['checkpoint']}", dynamic_ncols=True):
-        data = runner.evaluate(best_draft, k, base)
-        sweep.append(sweep_entry(build_row(best_draft, best["path"], data, base, cfg, k)))
-    return rows, best, sweep, compare_drafts(drafts, per_prompt, cfg.run.seed)
+def compared(drafts: list[dict]) -> list[tuple[dict, list[dict]]]:
+    """Per kind: its last distilled checkpoint and the drafts it is compared with (its own
+    CE twin and init; a kind is never compared with another kind's drafts)."""
+    out = []
+    for kind in dict.fromkeys(d.get("kind") or "independent" for d in drafts):
+        mine = [d for d in drafts if (d.get("kind") or "independent") == kind]
+        distilled = [d for d in mine if d.get("role") == "distilled"]
+        if distilled:
+            out.append((distilled[-1], [d for d in mine if d.get("role") in ("ce_twin", "init")]))
+    return out
 
 
 def compare_drafts(drafts: list[dict], per_prompt: dict[str, list[dict]], seed: int) -> list[dict]:
-    """The last distilled checkpoint against the CE twin and the untrained init, paired by prompt.
+    """Each kind's last distilled checkpoint against its CE twin and untrained init, paired by
+    prompt.
 
     These are the two claims a run's report makes (the loss beats plain cross-entropy, the
     training beats doing nothing); the paired bootstrap interval says whether the prompts
-    measured can tell the drafts apart.
+    measured can tell the drafts apart. Greedy per-prompt counts come from the replay: exact.
     """
     out = []
-    for kind in dict.fromkeys(d.get("kind", "independent") for d in drafts):  # each kind's own
-        mine = [d for d in drafts if d.get("kind", "independent") == kind]
-        distilled = [d for d in mine if d.get("role") == "distilled"]
-        if not distilled:
-            continue
-        last = distilled[-1]
-        for other in (d for d in mine if d.get("role") in ("ce_twin", "init")):
+    for last, others in compared(drafts):
+        for other in others:
             diff = metrics.paired_acceptance_diff(
                 per_prompt[last["name"]], per_prompt[other["name"]], seed=seed
             )
@@ -302,31 +455,182 @@ def compare_drafts(drafts: list[dict], per_prompt: dict[str, list[dict]], seed: 
     return out
 
 
+def engine_drafts(drafts: list[dict], rows: list[dict], metric: str) -> list[dict]:
+    """The drafts the engine decodes when greedy: the best of each kind by `metric` (on the
+    primary set's rows, aligned with `drafts`) and the drafts of the comparisons."""
+    names = set()
+    for kind in dict.fromkeys(r["kind"] for r in rows):
+        names.add(pick_best([r for r in rows if r["kind"] == kind], metric)["checkpoint"])
+    for last, others in compared(drafts):
+        names |= {d["name"] for d in [last, *others]}
+    return [d for d in drafts if d["name"] in names]
+
+
+def _native_board(cfg: Config, sets: dict, primary: str, drafts: list[dict], runner) -> dict:
+    ev, k = cfg.evaluate, cfg.evaluate.num_speculative_tokens
+    greedy = runner.sampling.greedy
+    how = "teacher-forced replay, engine on the best" if greedy else "engine (sampled)"
+    print(
+        f"[evaluate] {len(drafts)} drafts on {len(sets)} eval sets "
+        f"({', '.join(f'{s}: {len(ps)}' for s, ps in sets.items())} prompts), k={k}: {how}"
+    )
+    bases = {s: runner.baseline(s, ps) for s, ps in sets.items()}
+    by = "teacher_forced" if greedy else "engine"
+    ranked, ranking_rows = {}, {}
+    for d in tqdm(drafts, desc="drafts", dynamic_ncols=True):
+        for s, ps in sets.items():
+            if greedy:
+                ranked[d["name"], s] = runner.replayed(d, s, ps, bases[s], k)
+                data = None
+            else:
+                data = runner.engine(d, s, ps, bases[s], k)
+                ranked[d["name"], s] = data["results"]
+            row = build_row(d, ranked[d["name"], s], bases[s], cfg, k, s, by, data)
+            ranking_rows[d["name"], s] = row
+    engine_rows = {}
+    by_speed = ev.select_metric == "speedup"
+    if greedy:
+        primary_rows = [ranking_rows[d["name"], primary] for d in drafts]
+        # speedup needs the engine: the candidates are then the best by tokens per forward
+        chosen = engine_drafts(
+            drafts, primary_rows, "mean_accepted_length" if by_speed else ev.select_metric
+        )
+        for d in tqdm(chosen, desc="engine", dynamic_ncols=True):
+            for s, ps in sets.items():
+                engine_rows[d["name"], s] = runner.engine_row(d, s, ps, bases[s], k)
+    pool = (
+        [r for (_, s), r in engine_rows.items() if s == primary]
+        if greedy and by_speed
+        else [ranking_rows[d["name"], primary] for d in drafts]
+    )
+    best = pick_best(pool, ev.select_metric)
+    best_draft = next(d for d in drafts if d["name"] == best["checkpoint"])
+    sweep, costs = runner.sweep(best_draft, primary, sets[primary], bases[primary])
+    rows = [
+        r
+        for s in sets
+        for d in drafts
+        for r in (ranking_rows[d["name"], s], engine_rows.get((d["name"], s)))
+        if r is not None
+    ]
+    comparisons = [
+        {**c, "eval_set": s}
+        for s in sets
+        for c in compare_drafts(
+            drafts, {d["name"]: ranked[d["name"], s] for d in drafts}, cfg.run.seed
+        )
+    ]
+    return {
+        "rows": rows,
+        "best": best,
+        "k_sweep": sweep,
+        "costs": costs,
+        "comparisons": comparisons,
+    }
+
+
+# ----------------------------------------------------------------------------- eval sets
+
+
+def _turn2_sets(cfg: Config, sets: dict, models: _Models, results_dir: Path) -> dict:
+    """`<set>-turn2` for every set with followups (evaluate.turn2); answers cached."""
+    out = {}
+    for name, prompts in sets.items():
+        asked = turn2.asked_again(prompts)
+        if not asked:
+            continue
+        settings = {
+            "target": _fingerprint(resolve_model(cfg.target.model, "target.model")),
+            "revision": cfg.target.revision,
+            "dtype": cfg.target.dtype,
+            "device": cfg.run.device,
+            "prompts": _prompts_key(asked),
+            "answer_tokens": cfg.evaluate.turn2_answer_tokens,
+        }
+        path = results_dir / f"turn1-answers-{_safe(name)}-{_settings_key(settings)}.json"
+        data = _load_cached(path, settings)
+        if data is None:
+            ids = turn2.target_answers(models.target(), models.tokenizer(), cfg, asked)
+            texts = [models.tokenizer().decode(t, skip_special_tokens=True).strip() for t in ids]
+            data = {"settings": settings, "answers": texts}
+            atomic_write_json(path, data)
+        ctx = getattr(load_target_config(cfg.target), "max_position_embeddings", None)
+        limit = ctx - cfg.evaluate.max_new_tokens if ctx else None
+        prompts2, too_long = turn2.turn2_prompts(
+            asked, data["answers"], cfg, models.tokenizer(), limit
+        )
+        if too_long:
+            print(
+                f"[evaluate] {name}{turn2.SUFFIX}: {too_long} prompts over {limit} tokens left out"
+            )
+        if prompts2:
+            out[name + turn2.SUFFIX] = prompts2
+    return out
+
+
+def choose_primary(cfg: Config, sets: dict) -> str:
+    """The primary set's name, checked before any work (turn-2 sets count by name)."""
+    names = list(sets)
+    if cfg.evaluate.turn2:
+        names += [s + turn2.SUFFIX for s, ps in sets.items() if turn2.asked_again(ps)]
+    return primary_set(dict.fromkeys(names), cfg.evaluate.primary_eval_set)
+
+
+def with_turn2(cfg: Config, sets: dict, primary: str, models: _Models, results_dir: Path):
+    """The sets, the primary first, with `<set>-turn2` added under evaluate.turn2."""
+    if cfg.evaluate.turn2:
+        sets = sets | _turn2_sets(cfg, sets, models, results_dir)
+    if primary not in sets:
+        raise DraftsmithError(
+            f"evaluate.primary_eval_set: every prompt of {primary!r} is too long for the target"
+        )
+    return {primary: sets[primary], **sets}
+
+
 def run_evaluate(cfg: Config) -> None:
     ev = cfg.evaluate
     eval_dir = cfg.output_dir / "eval"
     results_dir = eval_dir / "results"
     clean_stale_temps(eval_dir)
     clean_stale_temps(results_dir)
-    prompts = select_prompts(load_prompts(cfg.output_dir), ev.max_prompts)
+    sets = eval_sets(load_prompts(cfg.output_dir), ev.max_prompts)
+    primary = choose_primary(cfg, sets)
     drafts = list_drafts(cfg.output_dir, ev.baselines, cfg.distill.ce_baseline, cfg.draft.kinds)
+    check_drafts(cfg, drafts)  # files whole, tokenizers the target's: before any decoding
+    record_config(cfg)
+    models = _Models(cfg)
+    sets = with_turn2(cfg, sets, primary, models, results_dir)
     if ev.backend == "vllm":
         from draftsmith.evaluate.vllm_backend import vllm_rows
 
-        rows, best, sweep = vllm_rows(cfg, prompts, drafts)
-        comparisons = []  # vLLM reports pooled counters, not per-prompt ones
+        rows, best, sweep = vllm_rows(cfg, sets, drafts, primary)
+        out = {"rows": rows, "best": best, "k_sweep": sweep, "costs": None, "comparisons": []}
     else:
-        rows, best, sweep, comparisons = _native_rows(cfg, prompts, drafts, results_dir)
+        out = _native_board(cfg, sets, primary, drafts, NativeEvaluator(cfg, results_dir, models))
+    sweep = out["k_sweep"]
+    rec = recommend_k(sweep) if sweep else {"k": ev.num_speculative_tokens, "by": None}
+    engine_n = ev.engine_max_prompts if ev.backend == "native" and ev.temperature == 0 else None
     board = {
         "select_metric": ev.select_metric,
-        "best": best["checkpoint"],
-        "best_path": best["path"],
-        "recommended_k": recommend_k(sweep) if sweep else ev.num_speculative_tokens,
+        "primary_eval_set": primary,
+        "eval_sets": {
+            s: {
+                "num_prompts": len(ps),
+                "engine_prompts": min(engine_n or len(ps), len(ps)),
+                "categories": sorted({p["category"] for p in ps}),
+            }
+            for s, ps in sets.items()
+        },
+        "best": out["best"]["checkpoint"],
+        "best_path": out["best"]["path"],
+        "recommended_k": rec["k"],
+        "k_recommendation": rec,
         "k_sweep": sweep,
+        "costs": out["costs"],
         "hardware": hardware(),
         "target": cfg.target.model,
         "backend": ev.backend,
-        "rows": rows,
-        "comparisons": comparisons,
+        "rows": out["rows"],
+        "comparisons": out["comparisons"],
     }
     report.write_reports(cfg, board, eval_dir)

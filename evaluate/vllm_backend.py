@@ -3,7 +3,7 @@
     LLM(model=target, speculative_config={"method": "draft_model", "model": draft_dir,
         "num_speculative_tokens": k}, disable_log_stats=False)
 
-generates the eval prompts (one generate call per category, all its prompts batched), and
+generates each eval set's prompts (one generate call per category, all its prompts batched), and
 `llm.get_metrics()` (vllm.v1.metrics.reader: Counter with .value, Vector with .values) is read
 before and after each call:
 
@@ -15,8 +15,10 @@ before and after each call:
 Caveats, measured not hidden: vLLM's draft proposes by argmax, so at temperature > 0 its
 acceptance is not the exact-sampling figure the native engine measures; tokens/s is batched
 throughput, not batch-1 latency; the draft cost ratio is not observable (None), so neither is
-the modelled speedup; greedy outputs are compared with a target-only vLLM run, and batched GPU
-kernels can differ on near-ties (use evaluate.on_mismatch=warn).
+the modelled speedup, and the recommended k follows the measured speedup; there are no
+per-prompt counts, so no teacher-forced ranking and no paired comparisons: every draft runs
+on every set (rows: `measured_by` "engine"); greedy outputs are compared with a target-only
+vLLM run, and batched GPU kernels can differ on near-ties (use evaluate.on_mismatch=warn).
 """
 
 from __future__ import annotations
@@ -197,27 +199,39 @@ def _row(draft: dict, path: str, runs: dict, base: dict, cfg: Config, k: int) ->
     return row
 
 
-def vllm_rows(cfg: Config, prompts: list[dict], drafts: list[dict]):
-    """Rows for every draft at evaluate.num_speculative_tokens, the best draft, the k sweep."""
+def vllm_rows(cfg: Config, sets: dict[str, list[dict]], drafts: list[dict], primary=None):
+    """Rows for every draft at evaluate.num_speculative_tokens on every eval set (one engine
+    per draft and k), the best draft on the `primary` set (default: the first), its k sweep
+    there."""
     vllm = import_vllm("evaluate.backend")
     ev = cfg.evaluate
+    primary = primary or next(iter(sets))
     target = resolve_model(cfg.target.model, "target.model")
     llm = _make_llm(vllm, cfg, target, None, 0)
-    base = _generate_by_category(vllm, llm, prompts, cfg, 0)
+    base = {s: _generate_by_category(vllm, llm, ps, cfg, 0) for s, ps in sets.items()}
     _release(llm)
 
-    def measure(d: dict, k: int) -> dict:
+    def measure(d: dict, k: int, names: list[str]) -> dict[str, dict]:
         path = draft_path(d)
-        engine = _make_llm(vllm, cfg, target, path, k, d.get("kind", "independent"))
-        runs = _generate_by_category(vllm, engine, prompts, cfg, k)
+        engine = _make_llm(vllm, cfg, target, path, k, d.get("kind") or "independent")
+        runs = {s: _generate_by_category(vllm, engine, sets[s], cfg, k) for s in names}
         _release(engine)
-        return _row(d, path, runs, base, cfg, k)
+        return {
+            s: {
+                **_row(d, path, runs[s], base[s], cfg, k),
+                "eval_set": s,
+                "measured_by": "engine",
+            }
+            for s in names
+        }
 
-    rows = [measure(d, ev.num_speculative_tokens) for d in drafts]
-    best = pick_best(rows, ev.select_metric)
+    k = ev.num_speculative_tokens
+    measured = [measure(d, k, list(sets)) for d in drafts]
+    rows = [m[s] for s in sets for m in measured]
+    best = pick_best([m[primary] for m in measured], ev.select_metric)
     best_draft = next(d for d in drafts if d["name"] == best["checkpoint"])
     sweep = [
-        sweep_entry(best if k == ev.num_speculative_tokens else measure(best_draft, k))
-        for k in ev.k_sweep
+        sweep_entry(best if kk == k else measure(best_draft, kk, [primary])[primary])
+        for kk in ev.k_sweep
     ]
     return rows, best, sweep

@@ -28,9 +28,8 @@ import torch
 from draftsmith.config import load_config
 from draftsmith.distill import list_checkpoints
 from draftsmith.evaluate import metrics
-from draftsmith.evaluate.engine import SpeculativeDecoder
 from draftsmith.evaluate.prompts import load_prompts, select_prompts
-from draftsmith.evaluate.teacher_forced import teacher_forced_results
+from draftsmith.evaluate.teacher_forced import greedy_refs, teacher_forced_results
 from draftsmith.io import atomic_write_json
 from draftsmith.models import (
     eos_token_ids,
@@ -48,15 +47,13 @@ def read_prompts(run: Path, cfg, prompts_file: Path | None) -> tuple[list[dict],
     return rows, hashlib.sha256(prompts_file.read_bytes()).hexdigest()[:10]
 
 
-def target_refs(run: Path, cfg, prompts: list[dict], tag: str, max_new: int) -> list[dict]:
-    """The target's greedy output for each prompt (batch-1 engine decoding, cached)."""
-    path = run / "eval" / f"greedy-refs-{tag}-{max_new}.json"
+def target_refs(cfg, prompts: list[dict], path: Path, max_new: int) -> list[dict]:
+    """The target's greedy output for each prompt (batch-1 engine decoding), cached at `path`."""
     if path.is_file():
         return json.loads(path.read_text())
     target = load_target(cfg.target, torch.device("cpu"), torch.float32)
-    tok = load_target_tokenizer(cfg.target)
-    decoder = SpeculativeDecoder(target, eos_ids=eos_token_ids(tok, target.generation_config))
-    refs = [{**p, "tokens": decoder.generate(p["prompt_ids"], max_new).tokens} for p in prompts]
+    eos = eos_token_ids(load_target_tokenizer(cfg.target), target.generation_config)
+    refs = greedy_refs(target, eos, prompts, max_new)
     atomic_write_json(path, refs)
     return refs
 
@@ -72,7 +69,8 @@ def main() -> None:
     torch.set_num_threads(2)
     cfg = load_config(args.run_dir / "config.yaml")
     prompts, tag = read_prompts(args.run_dir, cfg, args.prompts)
-    refs = target_refs(args.run_dir, cfg, prompts, tag, args.max_new_tokens)
+    cache = args.run_dir / "eval" / f"greedy-refs-{tag}-{args.max_new_tokens}.json"
+    refs = target_refs(cfg, prompts, cache, args.max_new_tokens)
     ckpts = args.checkpoints or [
         p
         for d in (args.run_dir / "checkpoints", args.run_dir / "ablations" / "ce")

@@ -21,7 +21,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_defaults_are_a_valid_config(tmp_path):
-    cfg = load_config(write(tmp_path, ""))
+    cfg = load_config(write(tmp_path, "{}\n"))  # an empty file is an error (test_reliability)
     assert cfg == Config()
     assert cfg.distill.loss == "forward_kl"
 
@@ -75,10 +75,10 @@ def test_yaml_exponent_without_dot_is_a_float(tmp_path):
         ("data:\n  n: 0\n", [], "data.n: must be >= 1"),
         ("distill:\n  loss: kl\n", [], "distill.loss: expected one of"),
         ("distill:\n  beta: 1.0\n", [], "distill.beta: must be < 1"),
-        ("", ["distill.lr=abc"], "distill.lr: expected a number"),
-        ("", ["evaluate.k_sweep=[0,4]"], "evaluate.k_sweep[0]: must be between 1 and 32"),
-        ("", ["distill.nope=1"], "distill.nope: unknown key"),
-        ("", ["distill"], "an override must look like key=value"),
+        ("{}", ["distill.lr=abc"], "distill.lr: expected a number"),
+        ("{}", ["evaluate.k_sweep=[0,4]"], "evaluate.k_sweep[0]: must be between 1 and 32"),
+        ("{}", ["distill.nope=1"], "distill.nope: unknown key"),
+        ("{}", ["distill"], "an override must look like key=value"),
         ("draft:\n  init: pretrained\n", [], "draft.model: required"),
         ("distill:\n  teacher: offline\n", [], "data.topk_logprobs: must be > 0"),
         ("data:\n  sources: [{builtin: x, path: y}]\n", [], "data.sources[0]: give exactly one"),

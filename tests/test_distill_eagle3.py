@@ -233,3 +233,32 @@ def test_eagle3_ce_twin_and_a_resume_of_the_other_kind(tmp_path, target_dir, dat
         f"distill.resume: {main / 'checkpoint-2'} is a checkpoint of kind eagle3, not "
         "independent; point distill.resume at one of this kind's checkpoints (or use auto)"
     )
+
+
+def test_a_changed_head_setting_is_one_error_and_other_kinds_keys_are_not(
+    tmp_path, target_dir, data_dir
+):
+    from draftsmith.distill.stage import check_distill_settings
+
+    out = _run_dir(tmp_path, data_dir)
+    run_distill(eagle3_cfg(out, target_dir, max_steps=2, save_every=2))
+    ckpts = out / "eagle3" / "checkpoints"
+    draft = _meta(ckpts / "checkpoint-2")["settings"]["draft"]
+    assert (draft["kind"], draft["eagle3"]["ttt_steps"]) == ("eagle3", 3)
+    assert "num_layers" not in draft and "include_embeddings" not in draft["eagle3"]
+
+    changed = eagle3_cfg(out, target_dir, max_steps=2, save_every=2)
+    changed.draft.eagle3.ttt_steps = 2
+    with pytest.raises(DraftsmithError) as e:
+        check_distill_settings(changed)
+    assert str(e.value) == (
+        f"{ckpts}: its checkpoints were trained with other settings (draft.eagle3.ttt_steps "
+        "differ; e.g. draft.eagle3.ttt_steps was 3, now 2); put the settings back, or delete "
+        "that dir (or use a new run.output_dir) to train with these"
+    )
+    # the independent draft's keys, the export's, and adding the other kind leave it alone
+    same = eagle3_cfg(out, target_dir, max_steps=2, save_every=2)
+    same.draft.kind = ["independent", "eagle3"]
+    same.draft.num_layers = 3
+    same.draft.eagle3.include_embeddings = False
+    check_distill_settings(same)

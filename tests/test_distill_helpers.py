@@ -63,11 +63,14 @@ def write_dataset(
 
 
 def make_cfg(out: Path, target_dir: Path, **distill):
+    # fp32 unless a test asks otherwise: "auto" picks bf16 on CPUs with native bf16 and the
+    # tests compare losses against fp32 closed forms
     d = dict(max_steps=4, batch_size=4, warmup_steps=1, lr=1e-3, save_every=2, log_every=1)
+    d.setdefault("mixed_precision", "no")
     d.update(distill)
     raw = {
         "run": {"output_dir": str(out), "seed": 0, "device": "cpu"},
-        "target": {"model": str(target_dir)},
+        "target": {"model": str(target_dir), "batch_dtype": "float32"},
         "draft": {"init": "from_target", "num_layers": 2},
         "data": {"topk_logprobs": 8},
         "distill": d,

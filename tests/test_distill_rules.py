@@ -72,7 +72,7 @@ def _setup(
     cfg.draft.init = init
     if init == "pretrained":
         cfg.draft.model = str(dirs["draft"])
-    return train_mod.setup(cfg, out / "checkpoints", loss, resume)
+    return train_mod.setup(cfg, out / "checkpoints", loss, resume, train_mod.IndependentTraining())
 
 
 @pytest.mark.parametrize(
@@ -163,6 +163,8 @@ def _trainer_with_scaler(scaler):
     return SimpleNamespace(
         step=0,
         history=[],
+        cpu_seconds=0.0,
+        tokens_seen=0,
         optimizer=opt,
         scheduler=sched,
         accelerator=SimpleNamespace(scaler=scaler),

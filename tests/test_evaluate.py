@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from draftsmith.config import config_from_dict
-from draftsmith.errors import DraftsmithError
+from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.evaluate.prompts import select_prompts
 from draftsmith.evaluate.ranking import pick_best, recommend_k
 from draftsmith.evaluate.stage import run_evaluate
@@ -109,37 +110,79 @@ def _cfg(out: Path, **evaluate):
     )
 
 
+def _board(run_dir: Path) -> dict:
+    return json.loads((run_dir / "eval" / "leaderboard.json").read_text())
+
+
+def _by(board: dict, measured_by: str, eval_set: str = "heldout") -> dict[str, dict]:
+    return {
+        r["checkpoint"]: r
+        for r in board["rows"]
+        if r["measured_by"] == measured_by and r["eval_set"] == eval_set
+    }
+
+
+COUNTS = ("tokens_generated", "tokens_proposed", "tokens_accepted", "target_forwards")
+
+
 def test_evaluate_ranks_checkpoints_and_writes_reports(run_dir, capsys):
     run_evaluate(_cfg(run_dir))
-    board = json.loads((run_dir / "eval" / "leaderboard.json").read_text())
-    rows = {r["checkpoint"]: r for r in board["rows"]}
-    assert [r["step"] for r in board["rows"]] == [0, 4, 8]
-    perfect = rows["checkpoint-8"]
+    board = _board(run_dir)
+    tf, engine = _by(board, "teacher_forced"), _by(board, "engine")
+    # every draft ranked by its replay; the engine decodes the best (checkpoint-8) and the
+    # drafts of the comparison (the last distilled, checkpoint-8, against the init)
+    assert list(tf) == ["checkpoint-0", "checkpoint-4", "checkpoint-8"]
+    assert list(engine) == ["checkpoint-0", "checkpoint-8"]
+    perfect = tf["checkpoint-8"]
     assert perfect["acceptance_rate"] == 1.0
     assert perfect["per_position_acceptance"] == [1.0, 1.0, 1.0]
-    for row in board["rows"]:
-        assert row["lossless_match_rate"] == 1.0
-        assert row["num_prompts"] == len(PROMPTS)
-        assert set(row["per_category"]) == {"code", "chat", "math"}
+    for row in tf.values():
+        assert row["num_prompts"] == len(PROMPTS) and row["lossless_match_rate"] is None
+        assert row["speedup"] is None and set(row["per_category"]) == {"code", "chat", "math"}
         assert 1.0 <= row["mean_accepted_length"] <= 4.0
         assert row["tokens_accepted"] <= row["tokens_proposed"]
+    for name, row in engine.items():
+        # all 5 prompts are under evaluate.engine_max_prompts: the counts are the replay's
+        assert row["num_prompts"] == len(PROMPTS) and row["lossless_match_rate"] == 1.0
+        assert {c: row[c] for c in COUNTS} == {c: tf[name][c] for c in COUNTS}
+        assert row["per_position_acceptance"] == tf[name]["per_position_acceptance"]
+        assert row["replay_match_rate"] == 1.0 and row["speedup"] > 0
+        assert row["speedup_iqr"][0] <= row["speedup_iqr"][1]
     assert board["best"] == "checkpoint-8" and board["best_path"].endswith("checkpoint-8")
+    assert board["primary_eval_set"] == "heldout"
+    assert board["eval_sets"] == {
+        "heldout": {"num_prompts": 5, "engine_prompts": 5, "categories": ["chat", "code", "math"]}
+    }
     assert [s["k"] for s in board["k_sweep"]] == [1, 3]
-    assert board["recommended_k"] in (1, 3)
+    for s in board["k_sweep"]:  # a perfect draft: every k accepts all, (k+1) tokens a forward
+        assert s["acceptance_rate"] == 1.0 and s["mean_accepted_length"] == s["k"] + 1
+        assert s["acceptance_measured_by"] == "teacher_forced" and s["engine_prompts"] == 5
+        # the model's median over the timing repeats, each repeat's own c and v_k
+        cs, vs = board["costs"]["c"], board["costs"]["v"][str(s["k"])]
+        per_repeat = [(s["k"] + 1) / (s["k"] * c + v) for c, v in zip(cs, vs)]
+        assert s["modelled_speedup_verify"] == pytest.approx(statistics.median(per_repeat))
+        assert s["draft_cost_ratio"] == pytest.approx(statistics.median(cs))
+    assert board["costs"]["repeats"] == 30 and len(board["costs"]["c"]) == 30
+    rec = board["k_recommendation"]
+    modelled = max(board["k_sweep"], key=lambda s: s["modelled_speedup_verify"])
+    assert board["recommended_k"] == rec["k"] == modelled["k"]
+    assert rec["by"] == "modelled_speedup_verify"
     csv = (run_dir / "eval" / "leaderboard.csv").read_text().splitlines()
-    assert csv[0].startswith("checkpoint,kind,step,acceptance_rate") and len(csv) == 4
+    assert csv[0].startswith("checkpoint,kind,step,acceptance_rate") and len(csv) == 1 + 5
     assert all(line.split(",")[1] == "independent" for line in csv[1:])
     for name in ("acceptance_vs_step.png", "per_position_best.png", "k_sweep.png"):
         assert (run_dir / "eval" / name).stat().st_size > 1000
     printed = capsys.readouterr().out
-    assert "*checkpoint-8" in printed
+    assert "== eval set heldout (primary: best draft and k chosen here): 5 prompts" in printed
+    assert printed.count("*checkpoint-8") == 2  # its replay row and its engine row
+    assert f"recommended k = {rec['k']}, by the modelled speedup" in printed
     # the last distilled checkpoint (the perfect draft) against the init, paired by prompt
     (cmp,) = board["comparisons"]
     assert (cmp["draft"], cmp["against"], cmp["role"]) == ("checkpoint-8", "checkpoint-0", "init")
-    diff = perfect["acceptance_rate"] - rows["checkpoint-0"]["acceptance_rate"]
-    assert cmp["diff"] == pytest.approx(diff) and diff > 0
+    diff = perfect["acceptance_rate"] - tf["checkpoint-0"]["acceptance_rate"]
+    assert cmp["diff"] == pytest.approx(diff) and diff > 0 and cmp["eval_set"] == "heldout"
     assert cmp["ci95"][0] <= cmp["diff"] <= cmp["ci95"][1] and cmp["num_prompts"] == len(PROMPTS)
-    assert "checkpoint-8 vs checkpoint-0: acceptance +" in printed
+    assert "[heldout] checkpoint-8 vs checkpoint-0: acceptance +" in printed
 
 
 def test_rerun_evaluates_only_new_checkpoints(run_dir, target_dir):
@@ -153,16 +196,25 @@ def test_rerun_evaluates_only_new_checkpoints(run_dir, target_dir):
     run_evaluate(cfg)
     after = {p.name: p.stat().st_mtime_ns for p in results.iterdir()}
     assert {n: after[n] for n in stamps} == stamps  # nothing measured again
-    assert set(after) - set(stamps) == {"checkpoint-12-k3-t0.json"}
-    board = json.loads((run_dir / "eval" / "leaderboard.json").read_text())
-    assert [r["step"] for r in board["rows"]] == [0, 4, 8, 12]
+    # its replay, and the engine: the newest checkpoint is now the one compared with the init
+    assert set(after) - set(stamps) == {
+        "checkpoint-12-heldout-tf.json",
+        "checkpoint-12-heldout-k3-t0.json",
+    }
+    board = _board(run_dir)
+    assert [r["step"] for r in board["rows"] if r["measured_by"] == "teacher_forced"] == [
+        0,
+        4,
+        8,
+        12,
+    ]
 
 
 def test_copied_run_dir_is_not_measured_again_and_a_rewritten_checkpoint_is(
     run_dir, target_dir, monkeypatch
 ):
     """The cache keys on model content: a moved run (same files) hits, new weights miss."""
-    from draftsmith.evaluate import engine
+    from draftsmith.evaluate import engine, teacher_forced, timing
 
     small = dict(k_sweep=[3], max_prompts=2, max_new_tokens=6)
     run_evaluate(_cfg(run_dir, **small))
@@ -172,11 +224,13 @@ def test_copied_run_dir_is_not_measured_again_and_a_rewritten_checkpoint_is(
     results = copy_root / "run" / "eval" / "results"
     stamps = {p.name: p.stat().st_mtime_ns for p in results.iterdir()}
 
-    def no_decoding(*args, **kwargs):
-        raise AssertionError("decoded again: the cache missed")
+    def no_work(*args, **kwargs):
+        raise AssertionError("measured again: the cache missed")
 
     with monkeypatch.context() as m:
-        m.setattr(engine.SpeculativeDecoder, "generate", no_decoding)
+        m.setattr(engine.SpeculativeDecoder, "generate", no_work)
+        m.setattr(teacher_forced, "agreement_and_margin", no_work)
+        m.setattr(timing, "measure_costs", no_work)
         run_evaluate(_cfg(copy_root / "run", **small))
     assert {p.name: p.stat().st_mtime_ns for p in results.iterdir()} == stamps
 
@@ -190,15 +244,14 @@ def test_copied_run_dir_is_not_measured_again_and_a_rewritten_checkpoint_is(
     run_evaluate(_cfg(copy_root / "run", **small))
     after = {p.name: p.stat().st_mtime_ns for p in results.iterdir()}
     changed = {n for n in stamps if after[n] != stamps[n]}
-    assert changed == {"checkpoint-4-k3-t0.json"}
+    assert changed == {"checkpoint-4-heldout-tf.json"}  # ranked again; the engine never ran it
 
 
 def test_baseline_drafts_and_max_prompts(run_dir, target_dir):
     cfg = _cfg(run_dir, baselines=[str(target_dir)], max_prompts=3, k_sweep=[3])
     run_evaluate(cfg)
-    board = json.loads((run_dir / "eval" / "leaderboard.json").read_text())
-    base = board["rows"][-1]
-    assert base["checkpoint"] == "target" and base["step"] is None
+    base = _by(_board(run_dir), "teacher_forced")["target"]
+    assert base["step"] is None
     assert base["acceptance_rate"] == 1.0 and base["num_prompts"] == 3
     assert set(base["per_category"]) == {"code", "chat", "math"}  # the cap keeps every category
 
@@ -231,7 +284,7 @@ def test_lossless_failure_names_prompt_and_position(run_dir, monkeypatch):
         match=r"checkpoint-0: greedy speculative output differs .* prompt 'p0' at new token \d+",
     ):
         run_evaluate(_cfg(run_dir))
-    assert not list((run_dir / "eval" / "results").glob("checkpoint-*"))  # nothing cached
+    assert not list((run_dir / "eval" / "results").glob("checkpoint-*-k*"))  # nothing cached
 
 
 def test_missing_inputs_are_clear_errors(tmp_path):
@@ -253,7 +306,7 @@ def test_select_prompts_round_robin_and_deterministic():
     assert select_prompts(prompts, None) == prompts
 
 
-def test_pick_best_and_recommend_k():
+def test_pick_best():
     rows = [
         {"checkpoint": "a", "acceptance_rate": 0.2, "speedup": 1.5},
         {"checkpoint": "b", "acceptance_rate": 0.4, "speedup": None},
@@ -261,5 +314,237 @@ def test_pick_best_and_recommend_k():
     ]
     assert pick_best(rows, "acceptance_rate")["checkpoint"] == "b"
     assert pick_best(rows, "speedup")["checkpoint"] == "a"
-    sweep = [{"k": 1, "speedup": 1.2}, {"k": 4, "speedup": 1.6}, {"k": 8, "speedup": 1.4}]
-    assert recommend_k(sweep) == 4
+
+
+def _point(k, modelled, m_iqr, measured, s_iqr):
+    return {
+        "k": k,
+        "modelled_speedup_verify": modelled,
+        "modelled_speedup_iqr": m_iqr,
+        "speedup": measured,
+        "speedup_iqr": s_iqr,
+    }
+
+
+def test_recommended_k_follows_the_modelled_optimum_not_the_wall_clock():
+    sweep = [
+        _point(1, 1.10, [1.08, 1.12], 1.44, [0.20, 1.60]),  # one lucky wall-clock draw
+        _point(2, 1.25, [1.22, 1.27], 0.95, [0.80, 1.10]),
+        _point(4, 1.05, [1.00, 1.09], 0.16, [0.10, 1.00]),
+    ]
+    rec = recommend_k(sweep)
+    assert (rec["k"], rec["by"], rec["runner_up"], rec["clear"]) == (
+        2,
+        "modelled_speedup_verify",
+        1,
+        True,
+    )
+    # the wall clock would pick k=1, and its spread says it cannot rank
+    assert rec["wall_clock"] == {"k": 1, "by": "speedup", "clear": False, "runner_up": 2}
+    # overlapping model spreads: same k, flagged; an exact tie goes to the smaller k
+    sweep[0]["modelled_speedup_iqr"] = [1.05, 1.23]
+    assert recommend_k(sweep)["k"] == 2 and recommend_k(sweep)["clear"] is False
+    sweep[0]["modelled_speedup_verify"] = 1.25
+    assert recommend_k(sweep)["k"] == 1
+    # nothing modelled (the vLLM backend): the measured speedup chooses
+    vllm = [{"k": 1, "speedup": 1.2}, {"k": 4, "speedup": 1.6}, {"k": 8, "speedup": 1.4}]
+    assert recommend_k(vllm)["k"] == 4 and recommend_k(vllm)["by"] == "speedup"
+
+
+# ----------------------------------------------------------------------------- eval sets
+
+
+def _tag_sets(run_dir: Path, sets: dict[str, str]) -> None:
+    """Give every eval prompt of the fixture the eval set its id maps to."""
+    path = run_dir / "data" / "eval_prompts.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({**r, "eval_set": sets[r["id"]]}) + "\n" for r in rows))
+
+
+def test_every_eval_set_gets_its_rows_and_mtbench_is_primary(run_dir, capsys):
+    _tag_sets(
+        run_dir,
+        {"p0": "heldout", "p1": "mtbench", "p2": "mtbench", "p3": "heldout", "p4": "mtbench"},
+    )
+    run_evaluate(_cfg(run_dir, k_sweep=[3]))
+    board = _board(run_dir)
+    assert board["primary_eval_set"] == "mtbench"  # listed second, primary by default
+    assert list(board["eval_sets"]) == ["mtbench", "heldout"]
+    for name, n, cats in (
+        ("mtbench", 3, {"chat", "code", "math"}),
+        ("heldout", 2, {"chat", "code"}),
+    ):
+        tf = _by(board, "teacher_forced", name)
+        assert list(tf) == ["checkpoint-0", "checkpoint-4", "checkpoint-8"]
+        assert list(_by(board, "engine", name)) == ["checkpoint-0", "checkpoint-8"]
+        assert all(r["num_prompts"] == n and set(r["per_category"]) == cats for r in tf.values())
+    assert board["k_sweep"][0]["num_prompts"] == 3  # the sweep runs on the primary set
+    assert [c["eval_set"] for c in board["comparisons"]] == ["mtbench", "heldout"]
+    printed = capsys.readouterr().out
+    assert printed.index("== eval set mtbench (primary") < printed.index("== eval set heldout:")
+    assert "best: checkpoint-8 by acceptance_rate on mtbench" in printed
+    assert (run_dir / "eval" / "acceptance_by_set.png").stat().st_size > 1000
+
+    run_evaluate(_cfg(run_dir, k_sweep=[3], primary_eval_set="heldout"))
+    board = _board(run_dir)
+    assert board["primary_eval_set"] == "heldout" and board["k_sweep"][0]["num_prompts"] == 2
+    with pytest.raises(ConfigError) as e:
+        run_evaluate(_cfg(run_dir, primary_eval_set="mt-bench"))
+    assert str(e.value) == (
+        "evaluate.primary_eval_set: 'mt-bench' is not an eval set of this run "
+        "(have: heldout, mtbench)"
+    )
+
+
+def test_engine_prompts_are_capped_per_set_and_select_by_speed_uses_engine_rows(run_dir):
+    run_evaluate(_cfg(run_dir, engine_max_prompts=2, select_metric="speedup", k_sweep=[3]))
+    board = _board(run_dir)
+    engine = _by(board, "engine")
+    assert {r["num_prompts"] for r in engine.values()} == {2}
+    assert {r["num_prompts"] for r in _by(board, "teacher_forced").values()} == {5}
+    assert board["eval_sets"]["heldout"]["engine_prompts"] == 2
+    fastest = max(engine.values(), key=lambda r: r["speedup"])
+    assert board["best"] == fastest["checkpoint"]  # speedup: only engine rows have one
+
+
+def test_engine_counts_that_differ_from_the_replay_are_an_error_unless_near_tied(
+    run_dir, monkeypatch, capsys
+):
+    from draftsmith.evaluate import teacher_forced
+
+    real = teacher_forced.agreement_and_margin
+    state = {"margin": 1.0}
+
+    def one_flipped(*args):  # a replay that gets the first token of every prompt wrong
+        agree, _ = real(*args)
+        return [not agree[0], *agree[1:]], state["margin"]
+
+    monkeypatch.setattr(teacher_forced, "agreement_and_margin", one_flipped)
+    with pytest.raises(DraftsmithError) as e:
+        run_evaluate(_cfg(run_dir, k_sweep=[3]))
+    assert str(e.value) == (
+        "checkpoint-0 on heldout at k=3: the engine's greedy counts differ from the "
+        "teacher-forced replay's on 5 of 5 prompts (first: prompt 'p0') where the draft has "
+        "no near-tied logits to explain it: a bug in the engine or the replay"
+    )
+    shutil.rmtree(run_dir / "eval")
+    state["margin"] = 0.0  # a near-tie: float rounding may flip the argmax, not a bug
+    run_evaluate(_cfg(run_dir, k_sweep=[3]))
+    assert {r["replay_match_rate"] for r in _by(_board(run_dir), "engine").values()} == {0.0}
+    assert "with near-tied draft logits (first: 'p0'); float rounding" in capsys.readouterr().out
+
+
+def _noisy_timer(costs: dict[str, float], seed: int):
+    """timing.time_step returning a step's true cost times seeded noise: lognormal jitter and
+    one slow outlier in six, as a shared machine gives."""
+    import random
+
+    rng = random.Random(seed)
+
+    def time_step(name, run, sync):
+        slow = 5.0 if rng.random() < 1 / 6 else 1.0
+        return costs[name] * slow * rng.lognormvariate(0.0, 0.25)
+
+    return time_step
+
+
+CHEAP_DRAFT = {"target_1tok": 1.0, "draft_1tok": 0.1, "verify_2tok": 1.05, "verify_4tok": 1.15}
+COSTLY_DRAFT = {"target_1tok": 1.0, "draft_1tok": 0.9, "verify_2tok": 1.5, "verify_4tok": 2.5}
+
+
+@pytest.mark.parametrize("costs, want", [(CHEAP_DRAFT, 3), (COSTLY_DRAFT, 1)])
+def test_the_same_run_twice_recommends_the_modelled_k_under_noisy_timings(
+    run_dir, monkeypatch, costs, want
+):
+    """checkpoint-8 accepts everything: the model says (k+1) / (k c + v_k). With a cheap
+    draft and verify k=3 wins (2.76x vs 1.74x), with a costly one k=1 (0.83x vs 0.77x); the
+    recommendation follows it through noisy clocks, whatever the wall clock measured."""
+    from draftsmith.evaluate import timing
+
+    picked = []
+    for seed in (1, 2, 3):
+        monkeypatch.setattr(timing, "time_step", _noisy_timer(costs, seed))
+        for old in (run_dir / "eval" / "results").glob("costs-*.json"):
+            old.unlink()  # time again; everything else comes from the cache
+        run_evaluate(_cfg(run_dir))
+        board = _board(run_dir)
+        c = costs["draft_1tok"]
+        true = {
+            s["k"]: (s["k"] + 1) / (s["k"] * c + costs[f"verify_{s['k'] + 1}tok"])
+            for s in board["k_sweep"]
+        }
+        assert max(true, key=true.get) == want
+        picked.append(board["recommended_k"])
+    assert picked == [want] * 3
+
+
+def test_interleaved_timing_rotates_the_order_and_pairs_each_repeat(monkeypatch):
+    from draftsmith.evaluate import timing
+
+    order, clock = [], iter([1.0, 0.2, 1.1, 2.0, 0.4, 2.2, 1.0, 0.2, 1.1])
+    steps = {
+        name: (lambda n=name: order.append(n), lambda: None)
+        for name in ("target_1tok", "draft_1tok", "verify_2tok")
+    }
+    monkeypatch.setattr(timing, "time_step", lambda name, run, sync: (run(), next(clock))[1])
+    times = timing.interleaved(steps, repeats=3, warmup=0)
+    assert order == [
+        "target_1tok", "draft_1tok", "verify_2tok",
+        "draft_1tok", "verify_2tok", "target_1tok",
+        "verify_2tok", "target_1tok", "draft_1tok",
+    ]  # fmt: skip
+    assert times == {
+        "target_1tok": [1.0, 2.2, 0.2],
+        "draft_1tok": [0.2, 2.0, 1.1],
+        "verify_2tok": [1.1, 0.4, 1.0],
+    }
+    # a repeat where the whole machine ran 2x slower leaves the paired ratios alone
+    costs = timing.cost_ratios(
+        {
+            "target_1tok": [1.0, 2.0, 1.0],
+            "draft_1tok": [0.2, 0.4, 0.2],
+            "verify_2tok": [1.1, 2.2, 1.1],
+        },
+        [1],
+    )
+    assert costs["draft_cost_ratio"] == pytest.approx([0.2] * 3)
+    assert costs["verify_cost_ratio"]["1"] == pytest.approx([1.1] * 3)
+
+
+def test_turn2_asks_the_followup_after_the_targets_own_cached_answer(run_dir, monkeypatch):
+    from draftsmith.data.sources import Prompt, render
+    from draftsmith.evaluate import stage, turn2
+    from draftsmith.evaluate.engine import SpeculativeDecoder
+
+    path = run_dir / "data" / "eval_prompts.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in rows[1:3]:  # p1 and p2 are MT-bench-like: a conversation with a second turn
+        r |= {"messages": [["user", r["prompt_text"]]], "followups": [f"And {r['id']}?"]}
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = _cfg(run_dir, turn2=True, turn2_answer_tokens=6, k_sweep=[3])
+    run_evaluate(cfg)
+    board = _board(run_dir)
+    assert list(board["eval_sets"]) == ["heldout", "heldout-turn2"]
+    tf = _by(board, "teacher_forced", "heldout-turn2")
+    assert len(tf) == 3 and {r["num_prompts"] for r in tf.values()} == {2}
+
+    (answers_file,) = (run_dir / "eval" / "results").glob("turn1-answers-heldout-*.json")
+    answers = json.loads(answers_file.read_text())["answers"]
+    target = AutoModelForCausalLM.from_pretrained(run_dir.parent / "target").eval()
+    tok = AutoTokenizer.from_pretrained(run_dir.parent / "target")
+    for r, answer in zip(rows[1:3], answers):  # the target's own greedy answer to turn 1
+        greedy = SpeculativeDecoder(target, eos_ids={tok.eos_token_id}).generate(r["prompt_ids"], 6)
+        assert answer == tok.decode(greedy.tokens, skip_special_tokens=True).strip()
+
+    def no_decoding(*args):
+        raise AssertionError("answered again: the cache missed")
+
+    monkeypatch.setattr(turn2, "target_answers", no_decoding)
+    sets = stage.eval_sets(stage.load_prompts(run_dir), None)
+    models = stage._Models(cfg)
+    got = stage.with_turn2(cfg, sets, "heldout", models, run_dir / "eval" / "results")
+    for r, answer, p in zip(rows[1:3], answers, got["heldout-turn2"]):
+        convo = (("user", r["prompt_text"]), ("assistant", answer), ("user", f"And {r['id']}?"))
+        text = render(Prompt(convo, r["category"], "test"), tok, True, None)
+        assert p["id"] == f"{r['id']}-turn2" and p["prompt_text"] == text
+        assert p["prompt_ids"] == tok(text, add_special_tokens=False)["input_ids"]

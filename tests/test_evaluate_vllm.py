@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -142,5 +143,58 @@ def test_vllm_backend_perfect_draft(tmp_path):
         }
     )
     prompts = [{"id": "a", "category": "x", "prompt_ids": [1, 504, 3458, 314]}]
-    rows, best, sweep = vb.vllm_rows(cfg, prompts, list_drafts(tmp_path, [target]))
+    rows, best, sweep = vb.vllm_rows(cfg, {"heldout": prompts}, list_drafts(tmp_path, [target]))
     assert rows[0]["acceptance_rate"] > 0.9 and sweep[0]["k"] == 2
+    assert (rows[0]["eval_set"], rows[0]["measured_by"]) == ("heldout", "engine")
+
+
+def test_vllm_rows_cover_every_eval_set_and_sweep_the_primary_one(monkeypatch):
+    """Recorded counters from a fake vLLM: one engine per draft and k, run on every set."""
+    engines = []
+
+    class FakeLLM:
+        def __init__(self, **kw):
+            spec = kw["speculative_config"]
+            self.k = spec["num_speculative_tokens"] if spec else 0
+            self.drafts = 0
+            engines.append((spec["model"] if spec else None, self.k))
+
+        def get_metrics(self):  # each prompt: 2 rounds, k drafts each, 1 accepted per round
+            n = self.drafts
+            return _snapshot(n, n * self.k, n, [n] + [0] * (self.k - 1)) if self.k else []
+
+        def generate(self, prompts, params, use_tqdm):
+            self.drafts += 2 * len(prompts)
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[5, 6, 7, 8])])] * len(
+                prompts
+            )
+
+    fake = ModuleType("vllm")
+    fake.LLM, fake.SamplingParams = FakeLLM, lambda **kw: kw
+    inputs = ModuleType("vllm.inputs")
+    inputs.TokensPrompt = lambda prompt_token_ids: prompt_token_ids
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    monkeypatch.setattr(vb, "import_vllm", lambda key: fake)
+    monkeypatch.setattr(vb, "resolve_model", lambda ref, key=None: ref)
+    monkeypatch.setattr(vb, "draft_path", lambda d: d["ref"])
+    cfg = config_from_dict({"evaluate": {"backend": "vllm", "k_sweep": [1, 3]}})
+    cfg.evaluate.num_speculative_tokens = 3
+    p = {"category": "c", "prompt_ids": [1, 2]}
+    sets = {"mtbench": [p, p, p], "heldout": [p]}
+    drafts = [
+        {"name": n, "ref": f"/d/{n}", "step": s, "trained_steps": s}
+        for n, s in (("a", 1), ("b", 2))
+    ]
+    rows, best, sweep = vb.vllm_rows(cfg, sets, drafts, "mtbench")
+    assert [(r["eval_set"], r["checkpoint"]) for r in rows] == [
+        ("mtbench", "a"),
+        ("mtbench", "b"),
+        ("heldout", "a"),
+        ("heldout", "b"),
+    ]
+    assert {r["measured_by"] for r in rows} == {"engine"}
+    assert [r["num_prompts"] for r in rows] == [3, 3, 1, 1]
+    assert rows[0]["acceptance_rate"] == 1 / 3 and rows[0]["mean_accepted_length"] == 2.0
+    # the target once, each draft at k=3 once (all sets), the best draft at k=1 for the sweep
+    assert engines == [(None, 0), ("/d/a", 3), ("/d/b", 3), ("/d/a", 1)]
+    assert [s["k"] for s in sweep] == [1, 3] and sweep[1]["acceptance_rate"] == 1 / 3

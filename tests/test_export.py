@@ -7,7 +7,10 @@ import json
 import pytest
 
 from draftsmith.config import load_config
-from draftsmith.export import _training, assistant_generation_config
+from draftsmith.distill.checkpoint import training_settings
+from draftsmith.distill.train import IndependentTraining
+from draftsmith.export import _training
+from draftsmith.hf_export import assistant_generation_config
 
 
 @pytest.fixture
@@ -15,20 +18,34 @@ def cfg():
     return load_config("configs/smollm2-135m.yaml", ["distill.max_steps=180"])
 
 
+def _record(loss: str) -> dict:
+    """A checkpoint's record (draftsmith_checkpoint.json) as distill writes it."""
+    cfg = load_config("configs/smollm2-135m.yaml", ["distill.max_steps=180"])
+    return {
+        "init": "from_target layers [0, 1]",
+        "settings": training_settings(cfg, loss, IndependentTraining()),
+    }
+
+
 @pytest.mark.parametrize(
-    "row,want,not_want",
+    "row,loss,want,not_want",
     [
-        ({"role": "distilled", "step": 180}, "forward_kl (teacher: offline", "ce ("),
-        ({"role": "ce_twin", "step": None, "trained_steps": 180}, "ce (plain", "forward_kl ("),
-        ({"role": "init", "step": 0}, "untrained", "forward_kl ("),
-        ({"role": "baseline", "step": None}, "external draft", "forward_kl ("),
+        ({"role": "distilled", "step": 180}, "forward_kl", "forward_kl (teacher: offline", "ce ("),
+        (
+            {"role": "ce_twin", "step": None, "trained_steps": 180},
+            "ce",
+            "ce (plain",
+            "forward_kl (",
+        ),
+        ({"role": "init", "step": 0}, "forward_kl", "untrained", "forward_kl ("),
+        ({"role": "baseline", "step": None}, "forward_kl", "external draft", "forward_kl ("),
     ],
 )
-def test_training_line_follows_the_row(cfg, row, want, not_want):
-    line = _training(cfg, row)
+def test_training_line_follows_the_row(row, loss, want, not_want):
+    line = _training(_record(loss), row)
     assert want in line and not_want not in line
     if row["role"] in ("distilled", "ce_twin"):
-        assert "180 steps" in line
+        assert "180 steps" in line and "lr 0.001" in line  # configs/smollm2-135m.yaml
 
 
 def test_assistant_generation_config_keeps_other_fields(tmp_path):
@@ -42,3 +59,61 @@ def test_assistant_generation_config_keeps_other_fields(tmp_path):
         "num_assistant_tokens_schedule": "constant",
         "assistant_confidence_threshold": 0.0,
     }
+
+
+def _row(name, eval_set, by, acceptance, **extra):
+    return {
+        "checkpoint": name,
+        "step": int(name.split("-")[1]),
+        "role": "distilled",
+        "eval_set": eval_set,
+        "measured_by": by,
+        "acceptance_rate": acceptance,
+        "num_prompts": 24 if by == "teacher_forced" else 8,
+        "num_speculative_tokens": 4,
+        "per_category": {"math": {"acceptance_rate": acceptance / 2, "num_prompts": 3}},
+        **extra,
+    }
+
+
+BOARD = {
+    "best": "checkpoint-6",
+    "select_metric": "acceptance_rate",
+    "primary_eval_set": "mtbench",
+    "recommended_k": 2,
+    "k_recommendation": {
+        "k": 2,
+        "by": "modelled_speedup_verify",
+        "clear": False,
+        "runner_up": 1,
+        "wall_clock": {"k": 1, "by": "speedup", "clear": False, "runner_up": 2},
+    },
+    "k_sweep": [{"k": 1, "acceptance_rate": 0.3}, {"k": 2, "acceptance_rate": 0.2}],
+    "rows": [
+        _row("checkpoint-3", "mtbench", "teacher_forced", 0.111),
+        _row("checkpoint-6", "mtbench", "teacher_forced", 0.222),
+        _row("checkpoint-6", "mtbench", "engine", 0.25, speedup=1.37, lossless_match_rate=1.0),
+        _row("checkpoint-3", "heldout", "teacher_forced", 0.333),
+        _row("checkpoint-6", "heldout", "teacher_forced", 0.444),
+        _row("checkpoint-6", "heldout", "engine", 0.5, speedup=1.2, lossless_match_rate=1.0),
+    ],
+}
+
+
+def test_export_takes_the_primary_sets_engine_row_and_the_card_shows_every_set(cfg, tmp_path):
+    from draftsmith.export import choose_row, model_card
+
+    row = choose_row(BOARD, None)
+    assert (row["eval_set"], row["measured_by"], row["speedup"]) == ("mtbench", "engine", 1.37)
+    other = choose_row(BOARD, "checkpoint-3")  # never decoded: its replay row over every prompt
+    assert (other["eval_set"], other["measured_by"]) == ("mtbench", "teacher_forced")
+    card = model_card(cfg, BOARD, row, 2, tmp_path / "export", _record("forward_kl"))
+    assert "## Measured on mtbench by real speculative decoding" in card
+    assert "| measured speedup over target-only decoding | 1.37x |" in card
+    sets = card.split("## Eval sets", 1)[1]
+    assert "### mtbench (primary): 24 prompts, teacher-forced replay" in sets
+    assert "### heldout: 24 prompts, teacher-forced replay" in sets
+    assert "acceptance rate 0.222" in sets and "acceptance rate 0.444" in sets
+    assert "| math | 0.111 |" in sets and "0.333" not in sets  # this draft's rows only
+    assert "recommended k = 2, by the modelled speedup" in card
+    assert "the spread is too wide to rank it above k=1" in card

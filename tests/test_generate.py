@@ -201,13 +201,23 @@ def test_stage_writes_the_contract(finished):
         assert row["prompt_text"].startswith("<|im_start|>user\n")  # chat template applied
     evals = load_eval_prompts(out)
     assert len(evals) == cfg.data.max_eval_prompts
-    assert set(evals[0]) == {"id", "prompt_text", "prompt_ids", "category", "source"}
+    assert set(evals[0]) == {
+        "id",
+        "prompt_text",
+        "prompt_ids",
+        "category",
+        "source",
+        "eval_set",
+        "messages",
+        "followups",
+    }
+    assert {e["eval_set"] for e in evals} == {"heldout"}  # role both only: the held-out split
     assert not {e["prompt_text"] for e in evals} & set(ds["prompt_text"])  # never trained on
     assert len(set(ds["prompt_id"])) == len(ds)
     meta = json.loads((out / "data" / "meta.json").read_text())
     assert meta["num_completions"] == len(ds) == meta["num_prompts"]
     assert meta["num_completion_tokens"] == sum(map(len, ds["completion_ids"]))
-    assert meta["num_eval_prompts"] == len(evals)
+    assert meta["num_eval_prompts"] == len(evals) and meta["eval_sets"] == {"heldout": len(evals)}
     assert meta["num_prompts"] + meta["num_eval_prompts"] + meta["num_skipped"] == 50  # tiny.yaml
     assert meta["target"]["fingerprint"].startswith("sha256-quick:")
     assert meta["tokens_per_s"] > 0 and not (out / "data" / "shards").exists()

@@ -10,7 +10,11 @@ import pytest
 import torch
 
 from draftsmith.config import load_config
-from draftsmith.data.vllm_backend import completions_from_outputs, sampling_kwargs
+from draftsmith.data.vllm_backend import (
+    completions_from_outputs,
+    completions_from_prompt_logprobs,
+    sampling_kwargs,
+)
 from draftsmith.errors import DraftsmithError
 from draftsmith.vllm_compat import engine_kwargs, import_vllm
 
@@ -45,6 +49,23 @@ def test_request_outputs_become_completions_with_topk_by_rank():
     assert first.topk_ids == [[5, 7], [6, 5], [2, 3]]
     assert first.topk_logprobs == [[-0.1, -2.5], [-0.3, -1.9], [-0.2, -2.2]]
     assert second.token_ids == [7, 7] and second.finish_reason == "length"
+
+
+def test_prompt_logprobs_become_scored_replies():
+    # request = prompt [1, 2] + reply [5, 9]; entry i scores token i given the ones before it
+    rows = [
+        None,
+        {2: lp(-0.5, 1), 3: lp(-1.0, 2)},
+        {5: lp(-0.2, 1), 6: lp(-2.0, 2), 7: lp(-3.0, 3)},
+        {9: lp(-4.0, 3), 8: lp(-0.1, 1), 5: lp(-2.5, 2)},  # the reply's token ranked 3rd
+    ]
+    req = SimpleNamespace(prompt_logprobs=rows, outputs=[fake_output(0, [4])])
+    (c,) = completions_from_prompt_logprobs([req], [([1, 2], [5, 9])], k=2)
+    assert c.token_ids == [5, 9] and c.finish_reason == "reference"
+    assert c.topk_ids == [[5, 6], [8, 5]] and c.topk_logprobs == [[-0.2, -2.0], [-0.1, -2.5]]
+    short = SimpleNamespace(prompt_logprobs=rows[:3], outputs=[])
+    with pytest.raises(DraftsmithError, match="no prompt log-probs"):
+        completions_from_prompt_logprobs([short], [([1, 2], [5, 9])], k=2)
 
 
 def test_tokens_after_eos_are_dropped_and_missing_logprobs_are_an_error():

@@ -38,9 +38,21 @@ def test_both_kinds_trained_and_ranked_on_one_leaderboard(both_run):
         **{f"checkpoint-{s}": "independent" for s in steps},
         **{f"eagle3-checkpoint-{s}": "eagle3" for s in steps},
     }
-    for row in board["rows"]:
-        assert row["lossless_match_rate"] == 1.0  # greedy equality on every evaluation
+    ranked = {r["checkpoint"] for r in board["rows"] if r["measured_by"] == "teacher_forced"}
+    assert ranked == set(kinds)  # every checkpoint of both kinds ranked by its own replay
+    engine = [r for r in board["rows"] if r["measured_by"] == "engine"]
+    # the engine decodes each kind's best and the drafts of its comparison (last vs init)
+    assert {r["checkpoint"] for r in engine} >= {
+        "checkpoint-6",
+        "checkpoint-0",
+        "eagle3-checkpoint-6",
+        "eagle3-checkpoint-0",
+    }
+    for row in engine:
+        assert row["lossless_match_rate"] == 1.0  # greedy equality with the target's output
+        assert row["replay_match_rate"] == 1.0  # counts equal the kind's teacher-forced replay
         assert row["draft_cost_ratio"] is not None and row["speedup"] is not None
+    for row in board["rows"]:
         cats = row["per_category"].values()
         assert sum(c["num_prompts"] for c in cats) == row["num_prompts"] > 0
     with open(out / "eval" / "leaderboard.csv") as f:
@@ -48,7 +60,8 @@ def test_both_kinds_trained_and_ranked_on_one_leaderboard(both_run):
     assert csv_kinds == kinds
     table = stdout[stdout.index("checkpoint  ") :].splitlines()  # the printed leaderboard
     assert table[0].split()[:3] == ["checkpoint", "kind", "step"]
-    printed = {cells[0].lstrip("*"): cells[1] for cells in map(str.split, table[2:8])}
+    body = table[2 : 2 + len(board["rows"])]  # one line per row
+    printed = {cells[0].lstrip("*"): cells[1] for cells in map(str.split, body)}
     assert printed == kinds
     # each kind's last checkpoint against its own init
     pairs = {(c["draft"], c["against"]) for c in board["comparisons"]}
@@ -76,19 +89,25 @@ def test_eagle3_engine_counts_equal_the_teacher_forced_replay(both_run):
     cfg = load_config(out / "config.yaml")
     k, budget = cfg.evaluate.num_speculative_tokens, cfg.evaluate.max_new_tokens
     results = out / "eval" / "results"
-    (base_file,) = results.glob("target-only-*.json")
+    (base_file,) = results.glob("target-only-heldout-*.json")
     base = {r["id"]: r for r in json.loads(base_file.read_text())["results"]}
     prompts = {p["id"]: p for p in load_prompts(out)}
     models = _Models(cfg)
     num_ids = token_id_count(models.tokenizer())
     drafts = [d for d in list_drafts(out, [], kinds=cfg.draft.kinds) if d["kind"] == "eagle3"]
     fields = ("tokens", "proposed", "accepted", "accepted_at", "reached_at", "target_forwards")
+    decoded = 0
     for d in drafts:
-        spec = json.loads((results / f"{d['name']}-k{k}-t0.json").read_text())["results"]
+        path = results / f"{d['name']}-heldout-k{k}-t0.json"
+        if not path.is_file():  # the engine decodes only the best and the compared drafts
+            continue
+        spec = json.loads(path.read_text())["results"]
         refs = [{**prompts[r["id"]], "tokens": base[r["id"]]["tokens"]} for r in spec]
         fast = teacher_forced_results(d, models, refs, k, budget, num_ids)
-        for e, f in zip(spec, fast):
+        for e, f in zip(spec, fast, strict=True):
             assert {c: f[c] for c in fields} == {c: e[c] for c in fields}, (d["name"], e["id"])
+        decoded += 1
+    assert decoded == 3  # eagle3-checkpoint-0 (init), -6 (last) and the best of the kind
 
 
 def test_the_eagle3_row_exports_validated_and_decodes_losslessly(both_run, tmp_path):

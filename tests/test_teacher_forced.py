@@ -54,3 +54,40 @@ def test_padding_rows_of_the_draft_are_ignored_like_the_engine_does():
     (row,) = teacher_forced_results(draft, refs, 3, 12, vocab=vocab)
     engine = SpeculativeDecoder(target, draft, k=3).generate(prompt, 12)
     assert row["accepted"] == engine.accepted == engine.proposed  # still perfect within the vocab
+
+
+def test_replay_mismatches_tell_near_ties_from_bugs():
+    from draftsmith.evaluate.teacher_forced import replay_mismatches
+
+    counts = {"proposed": 6, "accepted": 2, "accepted_at": [2, 0], "reached_at": [3, 1]}
+    same = {**counts, "target_forwards": 4}
+    other = {**same, "accepted": 3, "accepted_at": [2, 1]}
+    engine = [
+        {"id": "same", "tokens": [1, 2], **same},
+        {"id": "bug", "tokens": [1, 2], **other},
+        {"id": "tie", "tokens": [1, 2], **other},
+        {"id": "lossy", "tokens": [1, 3], **other},  # not the target's output: reported elsewhere
+    ]
+    replayed = [
+        {"margin": 0.0, **same},
+        {"margin": 0.5, **same},
+        {"margin": 1e-6, **same},
+        {"margin": 0.5, **same},
+    ]
+    base = [{"tokens": [1, 2]}] * 4
+    assert replay_mismatches(engine, replayed, base, near_tie=1e-4) == (["bug"], ["tie"])
+    assert replay_mismatches(engine, replayed, base, near_tie=0.6) == ([], ["bug", "tie"])
+
+
+def test_each_kind_brings_its_replay_through_the_registry():
+    from draftsmith.errors import ConfigError
+    from draftsmith.evaluate.eagle3_proposer import EAGLE3_REPLAY
+    from draftsmith.evaluate.teacher_forced import INDEPENDENT
+    from draftsmith.kinds import get_kind, kind_of
+
+    assert kind_of({"kind": None}).replay() is get_kind("independent").replay() is INDEPENDENT
+    assert get_kind("eagle3").replay() is EAGLE3_REPLAY
+    # one pass serves every k for an independent draft; a head's later drafts read its own states
+    assert (INDEPENDENT.per_k, EAGLE3_REPLAY.per_k) == (False, True)
+    with pytest.raises(ConfigError, match="^draft.kind: unknown kind 'medusa'"):
+        kind_of({"kind": "medusa"})

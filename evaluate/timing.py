@@ -1,0 +1,137 @@
+"""Draft and verify costs measured so that they hold still: interleaved, repeated, median.
+
+A speedup timed once on a shared machine is one draw from a wide distribution: identical
+tiny runs here measured k=1 at 0.16x to 1.44x, and the recommended k flipped with it
+(issue 15). What the k recommendation needs is not a wall-clock race but three cost ratios
+of this hardware: a 1-token draft forward (c), and a (k+1)-token verify forward (v_k), each
+over a 1-token target forward. This module measures them as a microbenchmark would:
+
+- every forward runs on one fixed context with a warm KV cache, cropped back after each
+  run, so every repeat times the same work;
+- one repeat times each forward once, back to back, in an order rotated every repeat: a
+  burst of load from another process lands on all of them alike, and no forward is
+  always the first after a pause;
+- the ratios are taken within a repeat (paired), then summarised over R repeats by their
+  median and interquartile range (IQR), which a few slow outliers do not move.
+
+`time_step` is the one clock reading; tests replace it to inject noisy timings.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from draftsmith.evaluate.metrics import quartiles
+from draftsmith.fast_linear import cpu_few_row_linear
+from draftsmith.kv_cache import cache_kwarg, crop_cache, new_cache
+
+# (run, reset): `run` is timed, `reset` (crop the cache back) is not
+Step = tuple[Callable[[], None], Callable[[], None]]
+TARGET, DRAFT = "target_1tok", "draft_1tok"
+
+
+def verify_name(k: int) -> str:
+    return f"verify_{k + 1}tok"
+
+
+def time_step(name: str, run: Callable[[], None], sync: Callable[[], None]) -> float:
+    """Seconds one run of step `name` takes (`name` lets a test inject timings by step)."""
+    sync()
+    start = time.perf_counter()
+    run()
+    sync()
+    return time.perf_counter() - start
+
+
+def interleaved(
+    steps: dict[str, Step], repeats: int, warmup: int = 2, sync: Callable[[], None] = lambda: None
+) -> dict[str, list[float]]:
+    """{step: seconds per repeat}: each repeat runs every step once, the order rotated by one
+    each repeat; `warmup` untimed rounds first (allocator, caches, lazy kernels)."""
+    names = list(steps)
+    for _ in range(warmup):
+        for run, reset in steps.values():
+            run()
+            reset()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            run, reset = steps[name]
+            times[name].append(time_step(name, run, sync))
+            reset()
+    return times
+
+
+def cost_ratios(times: dict[str, list[float]], ks: Sequence[int]) -> dict:
+    """Per-repeat c and v_k (each over the same repeat's 1-token target forward), with the
+    per-forward milliseconds, all as [q25, median, q75]."""
+    base = times[TARGET]
+    c = [d / t for d, t in zip(times[DRAFT], base)]
+    v = {k: [x / t for x, t in zip(times[verify_name(k)], base)] for k in ks}
+    return {
+        "repeats": len(base),
+        "c": c,  # per repeat, for the modelled speedup's spread
+        "v": {str(k): vs for k, vs in v.items()},
+        "draft_cost_ratio": quartiles(c),
+        "verify_cost_ratio": {str(k): quartiles(vs) for k, vs in v.items()},
+        "ms": {name: [1e3 * x for x in quartiles(ts)] for name, ts in times.items()},
+    }
+
+
+# ----------------------------------------------------------------------------- model steps
+
+
+def cached_forward(model, context: Sequence[int], feed: Sequence[int]) -> Step:
+    """A forward of `feed` (1 or k+1 tokens) on top of a cache holding `context`."""
+    device = next(model.parameters()).device
+    cache, kw = new_cache(model), cache_kwarg(model)
+    with torch.inference_mode():
+        ids = torch.tensor([list(context)], device=device)  # (1, C)
+        model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: cache})
+    keep = cache.get_seq_length()
+    ids = torch.tensor([list(feed)], device=device)  # (1, n)
+
+    def run() -> None:
+        model(input_ids=ids, use_cache=True, logits_to_keep=ids.shape[1], **{kw: cache})
+
+    return run, lambda: crop_cache(cache, keep)
+
+
+def independent_draft_step(draft, context: Sequence[int], token: int) -> Step:
+    """An independent draft's proposal step: one 1-token forward with its own KV cache."""
+    return cached_forward(draft, context, [token])
+
+
+@torch.inference_mode()
+def measure_costs(
+    target,
+    draft_step: Step,
+    context: Sequence[int],
+    continuation: Sequence[int],
+    ks: Sequence[int],
+    repeats: int,
+    few_row_linear: bool = True,
+    draft=None,
+) -> dict:
+    """c and v_k of `target` and one draft step on `context`, R interleaved repeats.
+
+    continuation: the tokens fed after the context, repeated to max(ks) + 1 if short (their
+    values do not change the cost). `draft`: the draft module, only so that fast_linear
+    covers it as the engine does.
+    """
+    need = max(ks) + 1
+    feed = (list(continuation) * need)[:need] if continuation else [0] * need
+    steps = {
+        TARGET: cached_forward(target, context, feed[:1]),
+        DRAFT: draft_step,
+        **{verify_name(k): cached_forward(target, context, feed[: k + 1]) for k in ks},
+    }
+    device = next(target.parameters()).device
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    with cpu_few_row_linear(target, draft, enabled=few_row_linear):
+        times = interleaved(steps, repeats, sync=sync)
+    return {"context_tokens": len(context), **cost_ratios(times, ks)}

@@ -1,0 +1,159 @@
+"""Held-out acceptance of every checkpoint of several runs against what each cost: one figure.
+
+    python scripts/budget_curve.py --prompts RUN/data/eval_prompts.jsonl --eval-set mtbench \\
+        --refs /path/refs.json --out docs/budget.png RUN_A:label RUN_B:label ...
+    ... --x tokens     # the data-scaling view: alpha against teacher tokens trained on
+
+Every checkpoint of each run (checkpoints/checkpoint-<step>) is scored by teacher-forced
+greedy replay (draftsmith.evaluate.teacher_forced: the engine's exact counts) against the
+target's own greedy output on the prompts (decoded once, cached in --refs). The x axis:
+  cpu     CPU-minutes spent on data + training up to that checkpoint: the training's process
+          CPU seconds (draftsmith_checkpoint.json cpu_time_s) plus the data stage's CPU
+          seconds (data/meta.json cpu_time_s) prorated by the share of the data trained on so
+          far (min(1, tokens_seen / data tokens)): the text a draft has not yet read has not
+          yet cost anything. A run whose every step is on-policy (distill.on_policy_fraction
+          1) pays no data cost: the draft writes its own text inside training.
+  tokens  completion tokens trained on (tokens_seen), log scale.
+CPU seconds are process time (both cores count), so the figure does not depend on how
+loaded the machine was. Writes the PNG and a JSON table beside it; prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from draftsmith.config import load_config
+from draftsmith.distill import list_checkpoints
+from draftsmith.evaluate import metrics
+from draftsmith.evaluate.teacher_forced import greedy_refs, teacher_forced_results
+from draftsmith.io import atomic_write_json
+from draftsmith.models import (
+    eos_token_ids,
+    load_model,
+    load_target,
+    load_target_config,
+    load_target_tokenizer,
+)
+
+
+def read_prompts(path: Path, eval_set: str | None) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if eval_set:
+        rows = [r for r in rows if r.get("eval_set", r.get("source")) == eval_set]
+    if not rows:
+        raise SystemExit(f"{path}: no prompts (eval set {eval_set!r})")
+    return rows
+
+
+def refs_for(cfg, prompts: list[dict], path: Path, max_new: int) -> list[dict]:
+    if path.is_file():
+        refs = json.loads(path.read_text())
+        if [r["id"] for r in refs] == [p["id"] for p in prompts]:
+            return refs
+        raise SystemExit(f"{path}: cached refs are for other prompts; delete it")
+    target = load_target(cfg.target, torch.device("cpu"), torch.float32)
+    eos = eos_token_ids(load_target_tokenizer(cfg.target), target.generation_config)
+    refs = greedy_refs(target, eos, prompts, max_new)
+    atomic_write_json(path, refs)
+    return refs
+
+
+def run_points(run: Path, label: str, refs: list[dict], k: int, max_new: int, vocab: int):
+    cfg = load_config(run / "config.yaml")
+    meta = json.loads((run / "data" / "meta.json").read_text())
+    on_policy = cfg.distill.on_policy_fraction >= 1.0
+    data_cpu = 0.0 if on_policy else float(meta.get("cpu_time_s", 0.0))
+    data_tokens = meta["num_completion_tokens"]
+    points = []
+    for step, path in list_checkpoints(run / "checkpoints"):
+        ck = json.loads((path / "draftsmith_checkpoint.json").read_text())
+        seen = int(ck.get("tokens_seen", 0))
+        draft = load_model(str(path), device=torch.device("cpu"), dtype=torch.float32)
+        rows = teacher_forced_results(draft, refs, k, max_new, vocab)
+        s = metrics.summarize(rows, rows, k)
+        cats = metrics.per_category(rows, rows, [r["category"] for r in rows], k)
+        data_share = min(1.0, seen / data_tokens) if data_tokens else 0.0
+        points.append(
+            {
+                "run": str(run),
+                "label": label,
+                "step": step,
+                "tokens_seen": seen,
+                "train_cpu_s": float(ck.get("cpu_time_s", 0.0)),
+                "data_cpu_s": data_cpu * data_share,
+                "cpu_minutes": (float(ck.get("cpu_time_s", 0.0)) + data_cpu * data_share) / 60,
+                "alpha": s["alpha"],
+                "acceptance_rate": s["acceptance_rate"],
+                "mean_accepted_length": s["mean_accepted_length"],
+                "alpha_by_category": {c: v["alpha"] for c, v in cats.items()},
+            }
+        )
+        print(
+            f"{label:24s} step {step:5d}  tokens {seen:8d}  cpu-min {points[-1]['cpu_minutes']:6.1f}"
+            f"  alpha {s['alpha']:.3f}  tok/fwd {s['mean_accepted_length']:.2f}",
+            flush=True,
+        )
+    return points
+
+
+def plot(points: list[dict], x: str, out: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label in dict.fromkeys(p["label"] for p in points):
+        pts = sorted((p for p in points if p["label"] == label), key=lambda p: p["step"])
+        key = "cpu_minutes" if x == "cpu" else "tokens_seen"
+        pts = [p for p in pts if x == "cpu" or p["tokens_seen"] > 0]
+        ax.plot([p[key] for p in pts], [p["alpha"] for p in pts], "o-", label=label)
+    if x == "tokens":
+        ax.set_xscale("log")
+        ax.set_xlabel("teacher tokens trained on")
+    else:
+        ax.set_xlabel("CPU-minutes on data + training (process time, 2 cores)")
+    ax.set_ylabel("alpha (accepted / judged), k=4 greedy")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", help="RUN_DIR[:label]")
+    ap.add_argument("--prompts", type=Path, required=True)
+    ap.add_argument("--eval-set", default=None)
+    ap.add_argument("--refs", type=Path, required=True, help="cache of the target's outputs")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--x", choices=("cpu", "tokens"), default="cpu")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--title", default="held-out MT-bench acceptance against cost")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    first = Path(args.runs[0].split(":")[0])
+    cfg = load_config(first / "config.yaml")
+    prompts = read_prompts(args.prompts, args.eval_set)
+    refs = refs_for(cfg, prompts, args.refs, args.max_new_tokens)
+    vocab = load_target_config(cfg.target).get_text_config().vocab_size
+    points = []
+    for spec in args.runs:
+        run, _, label = spec.partition(":")
+        points += run_points(
+            Path(run), label or Path(run).name, refs, args.k, args.max_new_tokens, vocab
+        )
+    plot(points, args.x, args.out, args.title)
+    atomic_write_json(args.out.with_suffix(".json"), points)
+    print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
+
+
+if __name__ == "__main__":
+    main()
