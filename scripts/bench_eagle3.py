@@ -1,6 +1,7 @@
 """The eagle3 head's draft cost ratio c in the real engine, by draft vocabulary size.
 
     flock /tmp/draftsmith-bench.lock python scripts/bench_eagle3.py [--vocab 8192 16384 32000]
+        [--threads 2]
 
 On the target (default SmolLM2-135M-Instruct, fp32, CPU): target-only decoding and
 speculative decoding with an eagle3 head (aux layers (2, n//2, n-3), one Llama layer of the
@@ -71,8 +72,9 @@ def main() -> None:
     ap.add_argument("--target", default="smollm2-135m-instruct", help="registry name or dir")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     ap.add_argument("--aux", type=int, nargs=3, default=None, help="default (2, n//2, n-3)")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
 
     import copy
 
@@ -119,7 +121,7 @@ def main() -> None:
         )
     print(
         f"\n{args.target}, k={args.k}, {len(prompts)} prompts x {args.max_new_tokens} tokens, "
-        f"{args.repeats} interleaved repeats, {device}, fp32, torch threads 2"
+        f"{args.repeats} interleaved repeats, {device}, fp32, torch threads {args.threads}"
     )
     print(f"{'draft':<22} {'params':>8} {'c median':>9} {'c range':>15}")
     for name, rs in ratios.items():
