@@ -28,6 +28,24 @@ def tiny_model_dir() -> Path:
     return pull("tiny-random-llama")
 
 
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    """A tiny target model dir, one per test module (tests/test_distill_helpers.py)."""
+    from test_distill_helpers import build_tiny_target
+
+    return build_tiny_target(tmp_path_factory.mktemp("target"))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, target_dir) -> Path:
+    """A generated data dir (16 sequences, top-8 log-probs) from target_dir's model."""
+    from test_distill_helpers import write_dataset
+
+    out = tmp_path_factory.mktemp("data_src")
+    write_dataset(out, target_dir, n=16, k=8)
+    return out / "data"
+
+
 @pytest.fixture
 def tiny_config_path() -> Path:
     return TINY_CONFIG

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_distill_helpers import build_tiny_target, make_cfg, write_dataset
+from test_distill_helpers import (
+    checkpoint_meta,
+    make_cfg,
+    run_dir_with_data,
+)
 
 from draftsmith.distill import list_checkpoints
 from draftsmith.distill.batching import Example, collate
@@ -97,26 +99,6 @@ def test_ce_leaves_out_tokens_outside_the_draft_vocabulary():
 # ----------------------------------------------------------------------------- the stage
 
 
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory) -> Path:
-    return build_tiny_target(tmp_path_factory.mktemp("target"))
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory, target_dir) -> Path:
-    out = tmp_path_factory.mktemp("data_src")
-    write_dataset(out, target_dir, n=16, k=8)
-    return out / "data"
-
-
-def _run_dir(tmp_path: Path, data_dir: Path) -> Path:
-    out = tmp_path / "run"
-    (out / "data").mkdir(parents=True)
-    os.symlink(data_dir / "dataset", out / "data" / "dataset")
-    (out / "data" / "meta.json").write_text((data_dir / "meta.json").read_text())
-    return out
-
-
 def eagle3_cfg(out: Path, target_dir: Path, **distill):
     cfg = make_cfg(out, target_dir, **distill)
     cfg.draft.kind = "eagle3"
@@ -125,14 +107,10 @@ def eagle3_cfg(out: Path, target_dir: Path, **distill):
     return cfg
 
 
-def _meta(path: Path) -> dict:
-    return json.loads((path / "draftsmith_checkpoint.json").read_text())
-
-
 def test_eagle3_checkpoints_contract(tmp_path, target_dir, data_dir):
     import datasets
 
-    out = _run_dir(tmp_path, data_dir)
+    out = run_dir_with_data(tmp_path, data_dir)
     cfg = eagle3_cfg(out, target_dir, max_steps=4, save_every=2, batch_size=16, lr=3e-3)
     run_distill(cfg)
     assert not (out / "checkpoints").exists()  # only the configured kind trained
@@ -142,7 +120,7 @@ def test_eagle3_checkpoints_contract(tmp_path, target_dir, data_dir):
     validate_eagle3_export(final)  # a checkpoint is the speculators layout ...
     weights = load_file(final / "model.safetensors")
     assert "embed_tokens.weight" not in weights  # ... without the target's embeddings
-    meta = _meta(final)
+    meta = checkpoint_meta(final)
     assert (meta["kind"], meta["loss_name"], meta["teacher"]) == ("eagle3", "forward_kl", "online")
     assert meta["aux_layer_ids"] == [1, 2, 3] and meta["draft_vocab_size"] == 64
     assert meta["init"].startswith("eagle3 head: aux layers [1, 2, 3], draft vocabulary 64")
@@ -172,10 +150,10 @@ def test_eagle3_resume_after_a_crash_gives_the_same_result(
 ):
     from draftsmith.distill import train as train_mod
 
-    ref_out = _run_dir(tmp_path / "ref", data_dir)
+    ref_out = run_dir_with_data(tmp_path / "ref", data_dir)
     run_distill(eagle3_cfg(ref_out, target_dir, max_steps=5, save_every=2))
 
-    out = _run_dir(tmp_path / "crash", data_dir)
+    out = run_dir_with_data(tmp_path / "crash", data_dir)
     cfg = eagle3_cfg(out, target_dir, max_steps=5, save_every=2)
     real = train_mod.kill_hook
 
@@ -196,21 +174,21 @@ def test_eagle3_resume_after_a_crash_gives_the_same_result(
     for key in a:
         assert torch.equal(a[key], b[key]), key
     assert (
-        _meta(out / "eagle3/checkpoints/checkpoint-5")["loss_history"]
-        == _meta(ref_out / "eagle3/checkpoints/checkpoint-5")["loss_history"]
+        checkpoint_meta(out / "eagle3/checkpoints/checkpoint-5")["loss_history"]
+        == checkpoint_meta(ref_out / "eagle3/checkpoints/checkpoint-5")["loss_history"]
     )
 
 
 def test_eagle3_ce_twin_and_a_resume_of_the_other_kind(tmp_path, target_dir, data_dir):
-    out = _run_dir(tmp_path, data_dir)
+    out = run_dir_with_data(tmp_path, data_dir)
     cfg = eagle3_cfg(out, target_dir, max_steps=2, save_every=2, ce_baseline=True)
     cfg.draft.eagle3.train_lm_head = False
     run_distill(cfg)
     main = out / "eagle3" / "checkpoints"
     twin = out / "eagle3" / "ablations" / "ce"
     assert (
-        _meta(main / "checkpoint-2")["loss_name"],
-        _meta(twin / "checkpoint-2")["loss_name"],
+        checkpoint_meta(main / "checkpoint-2")["loss_name"],
+        checkpoint_meta(twin / "checkpoint-2")["loss_name"],
     ) == (
         "forward_kl",
         "ce",
@@ -224,7 +202,7 @@ def test_eagle3_ce_twin_and_a_resume_of_the_other_kind(tmp_path, target_dir, dat
     assert head.vocab.size == 64
 
     # an eagle3 checkpoint cannot resume an independent draft
-    other = _run_dir(tmp_path / "other", data_dir)
+    other = run_dir_with_data(tmp_path / "other", data_dir)
     ind = make_cfg(other, target_dir, max_steps=2, save_every=2)
     ind.distill.resume = str(main / "checkpoint-2")
     with pytest.raises(DraftsmithError) as e:
@@ -240,10 +218,10 @@ def test_a_changed_head_setting_is_one_error_and_other_kinds_keys_are_not(
 ):
     from draftsmith.distill.stage import check_distill_settings
 
-    out = _run_dir(tmp_path, data_dir)
+    out = run_dir_with_data(tmp_path, data_dir)
     run_distill(eagle3_cfg(out, target_dir, max_steps=2, save_every=2))
     ckpts = out / "eagle3" / "checkpoints"
-    draft = _meta(ckpts / "checkpoint-2")["settings"]["draft"]
+    draft = checkpoint_meta(ckpts / "checkpoint-2")["settings"]["draft"]
     assert (draft["kind"], draft["eagle3"]["ttt_steps"]) == ("eagle3", 3)
     assert "num_layers" not in draft and "include_embeddings" not in draft["eagle3"]
 

@@ -7,13 +7,20 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_specdec import _always_accept, _chi_square_p, _exact_joint, _no_residual, hf_greedy
+from test_specdec import (
+    JOINT_LAW_CASES,
+    _always_accept,
+    _exact_joint,
+    _no_residual,
+    hf_greedy,
+    joint_pvalue,
+    tiny_target,
+)
 
 from draftsmith.draft_vocab import build_draft_vocab
 from draftsmith.eagle3 import Eagle3Head, head_inputs, select_aux_hidden
 from draftsmith.evaluate.eagle3_proposer import Eagle3Proposer, replay_greedy
 from draftsmith.evaluate.engine import SamplingConfig, SpeculativeDecoder
-from draftsmith.models import tiny_llama_config
 
 DTYPE = torch.float64  # as tests/test_specdec.py: a mismatch is an algorithm bug, not rounding
 AUX = [0, 1, 2]
@@ -27,22 +34,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(saved)
-
-
-def tiny_target(seed: int, vocab: int = 32, layers: int = 3):
-    from transformers import LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = tiny_llama_config(
-        vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
-    )
-    return LlamaForCausalLM(cfg).to(DTYPE).eval()
 
 
 def tiny_head(target, seed: int, draft_vocab: int, scale: float = 1.0) -> Eagle3Head:
@@ -225,26 +216,16 @@ def _peaky_eagle3():
     return target, head
 
 
-@pytest.mark.parametrize(
-    "sampling,check_wrong",
-    [
-        (SamplingConfig(temperature=1.0), True),
-        (SamplingConfig(temperature=0.8, top_k=5, top_p=0.9), False),
-    ],
-)
+@pytest.mark.parametrize("sampling,check_wrong", JOINT_LAW_CASES)
 def test_eagle3_sampling_matches_target_joint_distribution(sampling, check_wrong):
     """As tests/test_specdec.py for an independent draft: the first two new tokens follow
     the target's exact joint law (chi-square at ALPHA), wrong samplers fail it."""
     target, head = _peaky_eagle3()
-    prompt, n = [1, 5, 3], 1000
+    prompt = [1, 5, 3]
     expected = _exact_joint(target, prompt, sampling)
 
     def pvalue(decoder):
-        counts: dict = {}
-        for seed in range(n):
-            toks = tuple(decoder.generate(prompt, 3, seed=seed).tokens[:2])
-            counts[toks] = counts.get(toks, 0) + 1
-        return _chi_square_p(counts, expected, n)
+        return joint_pvalue(decoder, prompt, expected)
 
     dec = SpeculativeDecoder(target, Eagle3Proposer(head), k=2, sampling=sampling)
     assert pvalue(dec) > ALPHA
