@@ -282,3 +282,37 @@ def test_padding_ids_in_the_draft_vocabulary_are_never_proposed():
     ref = SpeculativeDecoder(target, num_ids=30).generate([5, 9, 3], 16).tokens
     res = SpeculativeDecoder(target, Eagle3Proposer(head), k=3, num_ids=30).generate([5, 9, 3], 16)
     assert res.tokens == ref
+
+
+def test_the_cost_step_is_one_speculative_head_step_that_its_reset_undoes():
+    """evaluate's timing of an eagle3 draft (EAGLE3_REPLAY.draft_step): the context's
+    verified pairs in the head's cache, then a timed 1-token step, cropped back each time."""
+    from draftsmith.evaluate.eagle3_proposer import EAGLE3_REPLAY
+
+    target = tiny_target(3)
+    head = tiny_head(target, 4, 20)
+    caches, calls = [], []
+    real_new, real_step = head.new_cache, head.step
+
+    def new_cache():
+        caches.append(real_new())
+        return caches[-1]
+
+    def step(cache, ids, **kw):
+        out = real_step(cache, ids, **kw)
+        calls.append((ids.shape[1], sorted(kw), out[0].clone()))
+        return out
+
+    head.new_cache, head.step = new_cache, step
+    context = [5, 9, 3, 7, 2]
+    run, reset = EAGLE3_REPLAY.draft_step(head, lambda: target, context, 4)
+    assert calls[0][:2] == (len(context) - 1, ["aux_hidden"])  # pairs 0..C-2, target features
+    assert caches[0].get_seq_length() == len(context) - 1
+    for _ in range(2):
+        with torch.inference_mode():
+            run()
+        assert caches[0].get_seq_length() == len(context)
+        reset()
+        assert caches[0].get_seq_length() == len(context) - 1
+    (n1, kw1, a), (n2, kw2, b) = calls[1:]
+    assert (n1, kw1) == (n2, kw2) == (1, ["prev_hidden"]) and torch.equal(a, b)
