@@ -252,16 +252,20 @@ class NativeEvaluator:
     def teacher_forced(self, draft: dict, name: str, prompts: list[dict], base: list[dict], k):
         """Per prompt the kind's teacher-forced record (with "margin") over the target's greedy
         output (`base`): one pass for every k, or one per k for a kind whose pass depends on it."""
-        replay = kind_of(draft).replay()
+        kind = kind_of(draft)
+        replay = kind.replay()
         at = k if replay.per_k else None
         key = (draft["name"], name, at)
         if key in self._passes:
             return self._passes[key]
-        kind = draft.get("kind") or "independent"
-        settings = {**self.settings(prompts), "draft": _fingerprint(draft["ref"]), "replay": kind}
-        suffix = "" if at is None else f"-k{at}"
+        settings = {
+            **self.settings(prompts),
+            "draft": _fingerprint(draft["ref"]),
+            "replay": kind.name,
+        }
+        suffix = ""
         if at is not None:
-            settings["k"] = at
+            settings["k"], suffix = at, f"-k{at}"
         path = self.dir / f"{_safe(draft['name'])}-{_safe(name)}-tf{suffix}.json"
 
         def make():
