@@ -1,10 +1,13 @@
 """Checkpoints: `checkpoints/checkpoint-<step>/`, each a loadable HF model dir plus train state.
 
 Layout of one checkpoint (the stage contract):
-    model.safetensors, config.json, generation_config.json, tokenizer files
+    the model files of its kind (draftsmith/kinds.py): an independent draft's HF model dir
+    (model.safetensors, config.json, generation_config.json, tokenizer files), an eagle3
+    head's speculators layout (config.json, model.safetensors; the target's embeddings
+    are not copied)
     train_state.pt               optimizer, scheduler, RNG, step and loss history
                                  (tensors and plain Python only: torch.load(weights_only=True))
-    draftsmith_checkpoint.json   {"step", "loss", "init", "loss_name", "teacher", ...,
+    draftsmith_checkpoint.json   {"step", "kind", "loss", "init", "loss_name", "teacher", ...,
                                   "settings": what it was trained with (training_settings)}
 
 A checkpoint is complete iff its final directory name exists: it is written under
@@ -67,14 +70,14 @@ def list_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def save_checkpoint(
-    directory: Path, step: int, lm, tokenizer, train_state: dict, meta: dict
-) -> Path:
-    """Write checkpoint-<step> atomically (replacing an existing one of the same step)."""
+def save_checkpoint(directory: Path, step: int, write_model, train_state: dict, meta: dict) -> Path:
+    """Write checkpoint-<step> atomically (replacing an existing one of the same step).
+
+    write_model(dir) writes the model files: its kind's (draftsmith.kinds model_writer).
+    """
     path = Path(directory) / f"checkpoint-{step}"
     with atomic_dir(path, overwrite=True) as tmp:
-        lm.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        write_model(tmp)
         kill_hook(f"save:{step}")
         torch.save(train_state, tmp / STATE_FILE)
         (tmp / META_FILE).write_text(json.dumps({"step": step, **meta}, indent=2) + "\n")
@@ -122,8 +125,13 @@ def verify_checkpoint(path: Path) -> None:
 BOOKKEEPING = ("save_every", "keep_last", "log_every", "resume", "ce_baseline")
 
 
-def training_settings(cfg: Config, loss_name: str) -> dict:
-    """Every setting that changes what training produces, by config section."""
+def training_settings(cfg: Config, loss_name: str, kind) -> dict:
+    """Every setting that changes what training produces, by config section.
+
+    `kind`: the kind's training side (distill/train.py IndependentTraining, eagle3_train.
+    Eagle3Training); the draft section holds its name and the keys that kind reads, so
+    adding a kind to draft.kind, or changing another kind's keys, leaves it untouched.
+    """
     distill = dataclasses.asdict(cfg.distill)
     for key in BOOKKEEPING:
         distill.pop(key)
@@ -133,7 +141,7 @@ def training_settings(cfg: Config, loss_name: str) -> dict:
     return {
         "run": {"seed": cfg.run.seed},
         "target": target,
-        "draft": dataclasses.asdict(cfg.draft),
+        "draft": {"kind": kind.name, **kind.draft_settings(cfg)},
         "distill": distill,
     }
 

@@ -18,6 +18,7 @@ global batch whatever the accumulation and process layout.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import random
 import time
@@ -48,7 +49,7 @@ from draftsmith.distill.checkpoint import (
     training_settings,
 )
 from draftsmith.distill.init import build_draft, flops_per_token
-from draftsmith.distill.losses import distill_loss
+from draftsmith.distill.losses import TokenSum, distill_loss
 from draftsmith.distill.teacher import (
     CompletionLogits,
     is_on_policy_step,
@@ -88,6 +89,8 @@ class Trainer:
     tokenizer: object
     meta: dict
     checkpoints_dir: Path
+    kind: object  # the kind's training side: IndependentTraining, eagle3_train.Eagle3Training
+    target_config: object
     step: int = 0
     history: list[float] = field(default_factory=list)
     # process CPU seconds spent in optimizer steps, over all resumes: what a run's training
@@ -136,8 +139,8 @@ def make_batches(tr: Trainer, step: int, on_policy: bool) -> list[Batch]:
 # ----------------------------------------------------------------------------- one step
 
 
-def micro_step(tr: Trainer, batch: Batch, global_tokens: float, on_policy: bool) -> torch.Tensor:
-    """Forward + backward of one micro-batch; returns its loss SUM (detached)."""
+def independent_loss_parts(tr: Trainer, batch: Batch, on_policy: bool) -> list[TokenSum]:
+    """The independent draft's one loss part: its logits against the teacher's signal."""
     dcfg, acc = tr.cfg.distill, tr.accelerator
     with acc.autocast():
         logits = tr.model(batch.input_ids, batch.attention_mask, batch.loss_mask)  # (N, V)
@@ -152,8 +155,26 @@ def micro_step(tr: Trainer, batch: Batch, global_tokens: float, on_policy: bool)
         beta=dcfg.beta,
         ce_weight=0.0 if on_policy else dcfg.ce_weight,  # no target tokens to imitate
     )
-    acc.backward(part.total * acc.num_processes / global_tokens)
-    return part.total.detach()
+    return [part]
+
+
+def micro_step(tr: Trainer, batch: Batch, global_counts: list[float], on_policy: bool):
+    """Forward + backward of one micro-batch; returns its loss SUM per part (detached, (m,)).
+
+    A kind's loss has m parts (an eagle3 head: one per training-time-test step); part i's
+    sum is divided by its token count over the whole global batch and weighted, so the
+    update is the weighted sum of exact token means (one part: the plain token mean).
+    """
+    acc = tr.accelerator
+    parts = tr.kind.loss_parts(tr, batch, on_policy)
+    weights = tr.kind.loss_weights(tr.cfg)
+    objective = sum(
+        w * p.total * acc.num_processes / n
+        for w, p, n in zip(weights, parts, global_counts)
+        if n > 0  # a part with no token anywhere (a TTT step past every sequence) adds 0
+    )
+    acc.backward(objective)
+    return torch.stack([p.total.detach() for p in parts])
 
 
 def train_step(tr: Trainer, step: int) -> dict:
@@ -161,14 +182,17 @@ def train_step(tr: Trainer, step: int) -> dict:
     acc, dcfg = tr.accelerator, tr.cfg.distill
     on_policy = is_on_policy_step(tr.cfg.run.seed, step, dcfg.on_policy_fraction)
     batches = make_batches(tr, step, on_policy)
-    local = torch.tensor(float(sum(b.num_tokens for b in batches)), device=acc.device)
-    global_tokens = acc.reduce(local, "sum").item()
-    total = torch.zeros((), device=acc.device)
+    counts = [tr.kind.token_counts(tr, b) for b in batches]  # per micro-batch, per part
+    local = torch.tensor([sum(c) for c in zip(*counts)], device=acc.device)  # (m,)
+    global_counts = acc.reduce(local, "sum")
+    total = torch.zeros(len(local), device=acc.device)
     for j, batch in enumerate(batches):
         last = j == len(batches) - 1
         with contextlib.nullcontext() if last else acc.no_sync(tr.model):
-            total += micro_step(tr, batch, global_tokens, on_policy)
-    loss = (acc.reduce(total, "sum") / global_tokens).item()
+            total += micro_step(tr, batch, global_counts.tolist(), on_policy)
+    weights = torch.tensor(tr.kind.loss_weights(tr.cfg), device=acc.device)
+    means = acc.reduce(total, "sum") / global_counts.clamp(min=1.0)  # (m,) token means
+    loss = (weights * means).sum().item()
     if not math.isfinite(loss):
         good = list_checkpoints(tr.checkpoints_dir)
         keep = good[-1][1] if good else "none"
@@ -185,7 +209,7 @@ def train_step(tr: Trainer, step: int) -> dict:
         "loss": loss,
         "lr": lr,
         "grad_norm": float(grad_norm),
-        "tokens": global_tokens,
+        "tokens": global_counts[0].item(),
         "on_policy": on_policy,
     }
 
@@ -238,7 +262,8 @@ def save(tr: Trainer) -> None:
             "cpu_time_s": round(tr.cpu_seconds, 3),
             "tokens_seen": tr.tokens_seen,
         }
-        save_checkpoint(tr.checkpoints_dir, tr.step, tr.draft, tr.tokenizer, train_state(tr), meta)
+        write_model = tr.kind.model_writer(tr)
+        save_checkpoint(tr.checkpoints_dir, tr.step, write_model, train_state(tr), meta)
         prune_checkpoints(tr.checkpoints_dir, tr.cfg.distill.keep_last)
     acc.wait_for_everyone()
 
@@ -337,7 +362,7 @@ def describe(draft, target_config, say) -> dict:
     return info
 
 
-def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | None) -> Trainer:
+def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | None, kind) -> Trainer:
     from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
     dcfg = cfg.distill
@@ -345,45 +370,44 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
     check_divisible(dcfg.batch_size, dcfg.grad_accum_steps, acc.num_processes)
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
-    need_topk = loss_name != "ce" and dcfg.teacher == "offline"
+    need_topk = kind.reads_topk(cfg, loss_name)
     data = TrainData(load_train_dataset(cfg.output_dir), dcfg.max_seq_len, need_topk)
     target_tok = load_target_tokenizer(cfg.target)
-    target = None
-    if _needs_target_weights(cfg, loss_name, resume):
-        target = load_target(cfg.target, acc.device)  # serving dtype: the draft copies it
-    target_config = _target_config(cfg, target)
-    draft, tok, init = load_draft(cfg, resume, target, target_tok, target_config, acc.device)
-    say = acc.print
-    info = describe(draft, target_config, say)
     num_ids = token_id_count(target_tok)  # logits past it are padding (draftsmith/vocab.py)
-    teacher = None
-    if _uses_target(cfg, loss_name):
-        # the online teacher scores whole batches: the target's batched dtype (bf16 where fast)
-        target.requires_grad_(False).to(pick_batch_dtype(cfg.target, acc.device))
-        teacher = CompletionLogits(target.eval(), num_ids)
+    kind.check_target(cfg, load_target_config(cfg.target), num_ids)  # before any weights load
+    target = None
+    if kind.needs_target_weights(cfg, loss_name, resume):
+        target = load_target(cfg.target, acc.device, kind.target_dtype(cfg, acc.device))
+    target_config = _target_config(cfg, target)
+    draft, tok, init, kind_meta = kind.load_draft(
+        cfg, resume, target, target_tok, target_config, data, acc.device
+    )
+    say = acc.print
+    info = kind.describe(draft, target_config, say)
+    teacher, module = kind.training_modules(cfg, loss_name, draft, target, num_ids, acc.device)
     del target  # offline/CE: the target is not kept in memory
     optimizer = torch.optim.AdamW(
-        trainable_parameters(draft, dcfg.freeze_embeddings),
-        lr=dcfg.lr,
-        weight_decay=dcfg.weight_decay,
+        kind.trainable_parameters(cfg, draft), lr=dcfg.lr, weight_decay=dcfg.weight_decay
     )
     if dcfg.lr_schedule == "cosine":
         scheduler = get_cosine_schedule_with_warmup(optimizer, dcfg.warmup_steps, dcfg.max_steps)
     else:
         scheduler = get_constant_schedule_with_warmup(optimizer, dcfg.warmup_steps)
-    model, optimizer = acc.prepare(CompletionLogits(draft, num_ids), optimizer)
+    model, optimizer = acc.prepare(module, optimizer)
     meta = {
+        "kind": kind.name,
         "init": init,
         "loss_name": loss_name,
-        "teacher": dcfg.teacher,
+        "teacher": kind.teacher_name(cfg, loss_name),
         "max_steps": dcfg.max_steps,
         "target": cfg.target.model,
         **info,
-        "settings": training_settings(cfg, loss_name),  # what the card and leaderboard read
+        **kind_meta,
+        "settings": training_settings(cfg, loss_name, kind),  # what the card and leaderboard read
     }
     say(
-        f"distill: {len(data)} sequences ({data.dropped} dropped: no completion token within "
-        f"max_seq_len), loss {loss_name}, teacher {dcfg.teacher}, init {init}"
+        f"distill ({kind.name}): {len(data)} sequences ({data.dropped} dropped: no completion "
+        f"token within max_seq_len), loss {loss_name}, teacher {meta['teacher']}, init {init}"
     )
     return Trainer(
         cfg,
@@ -398,11 +422,80 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
         tok,
         meta,
         checkpoints_dir,
+        kind,
+        target_config,
     )
 
 
 def _target_config(cfg: Config, target):
     return target.config if target is not None else load_target_config(cfg.target)
+
+
+class IndependentTraining:
+    """What the loop needs from the independent kind (draftsmith/kinds.py registers it);
+    distill/eagle3_train.py's Eagle3Training has the same methods for the eagle3 head."""
+
+    name = "independent"
+
+    def draft_settings(self, cfg: Config) -> dict:
+        """The draft keys that change what this kind trains (distill.checkpoint records them)."""
+        d = dataclasses.asdict(cfg.draft)
+        for key in ("kind", "eagle3"):  # which kinds train, and the other kind's section
+            d.pop(key)
+        return d
+
+    def check_target(self, cfg: Config, target_config, num_ids: int) -> None:
+        return None  # distill/init.py checks its own keys when it builds the draft
+
+    def reads_topk(self, cfg: Config, loss_name: str) -> bool:
+        return loss_name != "ce" and cfg.distill.teacher == "offline"
+
+    def teacher_name(self, cfg: Config, loss_name: str) -> str:
+        return cfg.distill.teacher
+
+    def needs_target_weights(self, cfg: Config, loss_name: str, resume) -> bool:
+        return _needs_target_weights(cfg, loss_name, resume)
+
+    def target_dtype(self, cfg: Config, device):
+        return None  # target.dtype (models.load_target), the serving dtype: the draft copies it
+
+    def load_draft(self, cfg, resume, target, target_tok, target_config, data, device):
+        """(draft, tokenizer, init description, extra meta): built fresh or resumed."""
+        draft, tok, init = load_draft(cfg, resume, target, target_tok, target_config, device)
+        return draft, tok, init, {}
+
+    def describe(self, draft, target_config, say) -> dict:
+        return describe(draft, target_config, say)
+
+    def training_modules(self, cfg: Config, loss_name: str, draft, target, num_ids: int, device):
+        """(teacher or None, the module accelerate prepares)."""
+        teacher = None
+        if _uses_target(cfg, loss_name):
+            # the online teacher scores whole batches: the target's batched dtype (bf16 where fast)
+            target.requires_grad_(False).to(pick_batch_dtype(cfg.target, device))
+            teacher = CompletionLogits(target.eval(), num_ids)
+        return teacher, CompletionLogits(draft, num_ids)
+
+    def trainable_parameters(self, cfg: Config, draft) -> list:
+        return trainable_parameters(draft, cfg.distill.freeze_embeddings)
+
+    def loss_weights(self, cfg: Config) -> list[float]:
+        return [1.0]
+
+    def token_counts(self, tr: Trainer, batch: Batch) -> list[float]:
+        return [float(batch.num_tokens)]
+
+    def loss_parts(self, tr: Trainer, batch: Batch, on_policy: bool) -> list[TokenSum]:
+        return independent_loss_parts(tr, batch, on_policy)
+
+    def model_writer(self, tr: Trainer):
+        """The checkpoint's model files (an HF model dir), written into a temp dir."""
+
+        def write(path: Path) -> None:
+            tr.draft.save_pretrained(path)
+            tr.tokenizer.save_pretrained(path)
+
+        return write
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -452,12 +545,17 @@ def run_loop(tr: Trainer, run) -> None:
     bar.close()
 
 
-def train_draft(cfg: Config, checkpoints_dir: Path, loss_override: str | None = None) -> Path:
+def train_draft(
+    cfg: Config, checkpoints_dir: Path, loss_override: str | None = None, kind=None
+) -> Path:
     """Train a draft into `checkpoints_dir`; returns the final checkpoint's path.
 
-    `loss_override` trains a twin with another loss (e.g. "ce") on the same data, steps
-    and init, for ablations. Resumable per distill.resume; a finished run returns at once.
+    `kind`: the training side of a kind of draft (draftsmith/kinds.py `training()`);
+    default the independent draft (IndependentTraining). `loss_override` trains a twin with
+    another loss (e.g. "ce") on the same data, steps and init, for ablations. Resumable
+    per distill.resume; a finished run returns at once.
     """
+    kind = kind or IndependentTraining()
     checkpoints_dir = Path(checkpoints_dir)
     dcfg = cfg.distill
     loss_name = loss_override or dcfg.loss
@@ -470,14 +568,16 @@ def train_draft(cfg: Config, checkpoints_dir: Path, loss_override: str | None = 
     resume = find_resume(checkpoints_dir, dcfg.resume)
     if resume is not None:
         _check_same_loss(resume, loss_name)
-    tr = setup(cfg, checkpoints_dir, loss_name, resume)
+        _check_same_kind(resume, kind.name)
+    tr = setup(cfg, checkpoints_dir, loss_name, resume, kind)
     record_config(cfg)  # every check passed; the first checkpoint is about to be written
     if resume is not None:
         restore_train_state(tr, load_train_state(resume))
         tr.accelerator.print(f"distill: resuming from {resume} (step {tr.step})")
     else:
         save(tr)  # checkpoint-0: the untrained initialisation
-    job = "distill" if loss_override is None else f"distill-{loss_name}"
+    job = "-".join(["distill"] + [kind.name] * (kind.name != "independent"))
+    job += "" if loss_override is None else f"-{loss_name}"
     main = tr.accelerator.is_main_process
     with wandb_run(cfg, job) if main else contextlib.nullcontext(None) as run:
         if run is not None:
@@ -492,4 +592,13 @@ def _check_same_loss(resume: Path, loss_name: str) -> None:
         raise DraftsmithError(
             f"distill.resume: {resume} was trained with loss {trained!r}, not {loss_name!r}; "
             "use another checkpoints directory or distill.resume=never on an empty one"
+        )
+
+
+def _check_same_kind(resume: Path, kind: str) -> None:
+    trained = read_meta(resume).get("kind", "independent")
+    if trained != kind:
+        raise DraftsmithError(
+            f"distill.resume: {resume} is a checkpoint of kind {trained}, not {kind}; "
+            "point distill.resume at one of this kind's checkpoints (or use auto)"
         )

@@ -62,8 +62,44 @@ class TargetConfig:
     trust_remote_code: bool = False
 
 
+# The kinds of draft (draftsmith/kinds.py registers what each one brings).
+DraftKindName = Literal["independent", "eagle3"]
+
+
+@dataclass
+class Eagle3Config:
+    """What only the eagle3 kind has: a head on the target's own hidden states (draftsmith/eagle3.py)."""
+
+    # The target layers whose input hidden states the head reads: 3 distinct ids, low to
+    # high. null: (2, n // 2, n - 3) for an n-layer target, as vLLM and speculators choose
+    # (it needs n >= 7: a 4-layer test target must list them, e.g. [1, 2, 3]).
+    aux_layer_ids: list[int] | None = None
+    # The head predicts only the target's draft_vocab_size most frequent tokens in the
+    # training data (draftsmith/draft_vocab.py); the README's EAGLE-3 section has the
+    # measured cost of each size on SmolLM2.
+    draft_vocab_size: int = field(default=16384, metadata=_range(ge=1))
+    # Training-time test: drafting steps unrolled per position, step j reading the head's
+    # own state of step j-1 (speculators' default 3). The loss sums the steps' token
+    # means, step j weighted ttt_loss_decay**j (1: equal weights, speculators' default).
+    ttt_steps: int = field(default=3, metadata=_range(ge=1))
+    ttt_loss_decay: float = field(default=1.0, metadata=_range(gt=0, le=1))
+    # Residual from the normalised feature (true) or the raw one (false); vLLM reads a
+    # missing key as true and speculators as false, so the export always writes it.
+    norm_before_residual: bool = False
+    # Start lm_head from the target's output rows of the draft vocabulary (as speculators
+    # does), and whether it trains (false: only fc, the layer and the norm do).
+    lm_head_from_target: bool = True
+    train_lm_head: bool = True
+    # Export the target's token embeddings with the head: speculators 0.9 does not reliably
+    # fill missing ones (draftsmith/eagle3_export.py); vLLM shares the target's either way.
+    include_embeddings: bool = True
+
+
 @dataclass
 class DraftConfig:
+    # independent (its own layers, embeddings and head), eagle3 (a head on the target's
+    # hidden states), or a list naming both: `draftsmith run` then trains and ranks both.
+    kind: DraftKindName | list[DraftKindName] = "independent"
     init: Literal["from_target", "pretrained", "config"] = "from_target"
     # init=pretrained: any model reference sharing the target's vocabulary.
     model: str | None = None
@@ -78,6 +114,12 @@ class DraftConfig:
     num_key_value_heads: int | None = None
     intermediate_size: int | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    eagle3: Eagle3Config = field(default_factory=Eagle3Config)
+
+    @property
+    def kinds(self) -> list[str]:
+        """draft.kind as a list, in the order given."""
+        return [self.kind] if isinstance(self.kind, str) else list(self.kind)
 
 
 @dataclass
@@ -386,6 +428,7 @@ def _suggest(name: str, fields: dict, prefix: str) -> str:
 
 def _check_cross_fields(cfg: Config) -> None:
     """Constraints between fields, each named by the key a user would change."""
+    _check_draft_kinds(cfg)
     if not cfg.run.stages:
         raise ConfigError(
             "run.stages: empty, so `draftsmith run` would do nothing; list the stages to run "
@@ -426,6 +469,27 @@ def _check_cross_fields(cfg: Config) -> None:
         raise ConfigError("data.sources: at least one prompt source is required")
     if all(src.role == "eval" for src in cfg.data.sources):
         raise ConfigError("data.sources: every source has role 'eval'; nothing would be trained on")
+
+
+def _check_draft_kinds(cfg: Config) -> None:
+    kinds = cfg.draft.kinds
+    if not kinds:
+        raise ConfigError("draft.kind: name at least one kind (independent, eagle3)")
+    if len(set(kinds)) != len(kinds):
+        raise ConfigError(f"draft.kind: {kinds} names a kind twice")
+    if "eagle3" not in kinds:
+        return
+    ids = cfg.draft.eagle3.aux_layer_ids
+    if ids is not None and (len(ids) != 3 or len(set(ids)) != 3 or min(ids) < 0):
+        raise ConfigError(
+            f"draft.eagle3.aux_layer_ids: {ids} must be 3 distinct layer ids >= 0 (or null)"
+        )
+    if cfg.distill.on_policy_fraction > 0:
+        raise ConfigError(
+            "distill.on_policy_fraction: the eagle3 kind trains on the target's own text "
+            "(its training-time test drafts from its own states); set it to 0 or drop eagle3 "
+            "from draft.kind"
+        )
 
 
 def _check_score_source(cfg: Config, src: PromptSource, i: int) -> None:

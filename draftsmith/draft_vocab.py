@@ -57,7 +57,7 @@ def build_draft_vocab(
     """
     if not 1 <= draft_vocab_size <= target_vocab_size:
         raise ConfigError(
-            f"draft.draft_vocab_size: {draft_vocab_size} must be between 1 and the target's "
+            f"draft.eagle3.draft_vocab_size: {draft_vocab_size} must be between 1 and the target's "
             f"vocabulary size {target_vocab_size}"
         )
     counts = torch.as_tensor(token_counts).reshape(-1).to(torch.long)

@@ -58,7 +58,7 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
     ids = [2, num_layers // 2, num_layers - 3]
     if len(set(ids)) < 3 or min(ids) < 0 or max(ids) >= num_layers:
         raise ConfigError(
-            f"draft.aux_layer_ids: the default {ids} does not fit a target with {num_layers} "
+            f"draft.eagle3.aux_layer_ids: the default {ids} does not fit a target with {num_layers} "
             f"layers (it needs at least 7); set 3 distinct ids in [0, {num_layers - 1}]"
         )
     return ids
@@ -68,7 +68,7 @@ def check_aux_layer_ids(ids: Sequence[int], num_layers: int) -> list[int]:
     ids = [int(i) for i in ids]
     if len(ids) != 3 or len(set(ids)) != 3 or min(ids) < 0 or max(ids) >= num_layers:
         raise ConfigError(
-            f"draft.aux_layer_ids: {ids} must be 3 distinct layer ids in [0, {num_layers - 1}] "
+            f"draft.eagle3.aux_layer_ids: {ids} must be 3 distinct layer ids in [0, {num_layers - 1}] "
             f"(the target has {num_layers} layers)"
         )
     return ids

@@ -30,12 +30,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from torch import nn
 
+from draftsmith.config import Config
 from draftsmith.draft_vocab import DraftVocab, vocab_problem
 from draftsmith.eagle3 import Eagle3Head
-from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.errors import DraftsmithError
 from draftsmith.io import atomic_dir, atomic_write_json
+from draftsmith.models import load_target, load_target_config, resolve_model
 
 WEIGHTS = "model.safetensors"
 LAYER_KEYS = (
@@ -94,26 +97,24 @@ def eagle3_config(head: Eagle3Head, target_config, verifier_name_or_path: str, k
     }
 
 
-def save_eagle3(
+def write_eagle3(
     head: Eagle3Head,
     out_dir: str | Path,
     target_config,
     verifier_name_or_path: str,
     k: int,
-    overwrite: bool = False,
     include_embeddings: bool = False,
-) -> Path:
-    """Write `head` (its d2t/t2d included) to out_dir atomically, after the export's checks.
+    final_path: str | Path | None = None,
+) -> None:
+    """Write `head` (its d2t/t2d included) into the existing dir out_dir, after the checks.
 
-    include_embeddings writes the target's embed_tokens.weight too (see the module doc).
+    include_embeddings writes the target's embed_tokens.weight too (see the module doc);
+    speculative_config.json names `final_path` (default out_dir): where the dir will live
+    once a caller building it under a temp name has renamed it.
     """
     from safetensors.torch import save_file
 
     out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise ConfigError(
-            f"export.output_dir: {out} exists; set export.overwrite=true to replace it"
-        )
     tc = target_config.get_text_config()
     if tc.vocab_size != head.t2d.numel() or tc.hidden_size != head.config.hidden_size:
         raise DraftsmithError(
@@ -128,14 +129,38 @@ def save_eagle3(
         weights["embed_tokens.weight"] = head.embed_tokens.weight.detach().cpu().contiguous()
     problem = _config_problem(config) or _weights_problem(config, weights)
     if problem:  # checked before anything is written: a bad export never lands
-        raise DraftsmithError(f"eagle3 export {out}: {problem}")
+        raise DraftsmithError(f"eagle3 export {final_path or out}: {problem}")
+    atomic_write_json(out / "config.json", config)
+    save_file(weights, out / WEIGHTS, metadata={"format": "pt"})
+    atomic_write_json(
+        out / "speculative_config.json",
+        speculative_config(Path(final_path or out), k),
+    )
+
+
+def speculative_config(path: Path, k: int) -> dict:
+    """vLLM's speculative_config for the export at `path`."""
+    return {"method": "eagle3", "model": str(path.resolve()), "num_speculative_tokens": int(k)}
+
+
+def save_eagle3(
+    head: Eagle3Head,
+    out_dir: str | Path,
+    target_config,
+    verifier_name_or_path: str,
+    k: int,
+    overwrite: bool = False,
+    include_embeddings: bool = False,
+) -> Path:
+    """write_eagle3 into out_dir atomically: the dir appears complete or not at all.
+
+    An existing out_dir is the export stage's error (exit 1, export.overwrite replaces it).
+    """
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise DraftsmithError(f"{out}: export dir exists; set export.overwrite=true to replace it")
     with atomic_dir(out, overwrite=overwrite) as tmp:
-        atomic_write_json(tmp / "config.json", config)
-        save_file(weights, tmp / WEIGHTS, metadata={"format": "pt"})
-        atomic_write_json(
-            tmp / "speculative_config.json",
-            {"method": "eagle3", "model": str(out.resolve()), "num_speculative_tokens": int(k)},
-        )
+        write_eagle3(head, tmp, target_config, verifier_name_or_path, k, include_embeddings, out)
     return out
 
 
@@ -291,3 +316,41 @@ def load_eagle3(path: str | Path, target=None) -> Eagle3Head:
     )
     head.load_state_dict(weights, strict=True)
     return head if target is None else head.to(next(target.parameters()).device)
+
+
+# ----------------------------------------------------------------------------- the export stage
+
+
+def target_embeddings(cfg: Config):
+    """The target's input embedding module (read from its safetensors files where they
+    name it, so a large target is not loaded whole; else from the loaded model, on CPU)."""
+    from safetensors import safe_open
+
+    root = Path(resolve_model(cfg.target.model, "target.model"))
+    index = root / "model.safetensors.index.json"
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        if index.is_file()
+        else ["model.safetensors"]
+    )
+    for name in files:
+        if not (root / name).is_file():
+            continue
+        with safe_open(root / name, "pt") as f:
+            names = f.keys()  # safe_open is not iterable
+            key = next((k for k in names if k.endswith("embed_tokens.weight")), None)
+            if key is not None:
+                return nn.Embedding.from_pretrained(f.get_tensor(key).float(), freeze=True)
+    return load_target(cfg.target, torch.device("cpu"), torch.float32).get_input_embeddings()
+
+
+def export_eagle3(cfg: Config, src: Path, k: int, tmp: Path, out: Path) -> None:
+    """An eagle3 head (its checkpoint dir `src`) in the speculators layout vLLM serves as
+    method `eagle3`, validated."""
+    head = load_eagle3(src)  # a checkpoint holds no embeddings: the target's go in
+    include = cfg.draft.eagle3.include_embeddings
+    if include:
+        head.attach_embeddings(target_embeddings(cfg))
+    target_path = resolve_model(cfg.target.model, "target.model")
+    write_eagle3(head, tmp, load_target_config(cfg.target), target_path, k, include, final_path=out)
+    validate_eagle3_export(tmp)

@@ -2,14 +2,17 @@
 
 Reads `<output_dir>/eval/leaderboard.json` (written by evaluate) and writes
 `<output_dir>/export/` (or `export.output_dir`) atomically: the directory
-appears complete or not at all.
+appears complete or not at all. What the model files are is the chosen row's kind's
+business (draftsmith/kinds.py): an independent draft is a clean HF model dir (vLLM
+method `draft_model`, or transformers' `assistant_model=`), an eagle3 head the
+speculators layout (vLLM method `eagle3`), each validated before the rename.
 
 What export may replace: never the run directory, a directory above it, or anything
 inside a stage's directory (data/, checkpoints/, eval/, ...); with export.overwrite only
 a previous export, recognised by the `draftsmith_export.json` it wrote there. The draft
 is taken from the leaderboard row's path relative to the run directory (a copied run
-exports its own weights), its weight files are checked whole and in the shapes its
-config.json builds, and the card states the training the checkpoint itself records.
+exports its own weights), its weight files are checked whole and (by its kind) in the
+shapes its config.json builds, and the card states the training the checkpoint itself records.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import platform
-import shutil
 from pathlib import Path
 
 from draftsmith.config import Config
@@ -37,28 +39,13 @@ from draftsmith.io import (
     clean_stale_temps,
     corrupt_file,
 )
-from draftsmith.models import load_tokenizer, resolve_model
+from draftsmith.kinds import kind_of
+from draftsmith.models import resolve_model
 from draftsmith.rundir import STAGE_DIRS, from_run, is_inside, make_dir, record_config, run_relative
-from draftsmith.vocab import match_vocab_rows, token_id_count
 
 # Written into every export: what it holds and where it was made. Only a directory holding
 # one is ever replaced (export.overwrite), and a moved export is told from one in place.
 EXPORT_MARKER = "draftsmith_export.json"
-
-# What a serving stack needs from a checkpoint dir; train state stays behind.
-MODEL_FILES = (
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-)
 
 
 def export_dir(cfg: Config) -> Path:
@@ -160,57 +147,6 @@ def choose_row(board: dict, checkpoint: str | None) -> dict:
     )
 
 
-def copy_model_files(src: Path, dest: Path) -> list[str]:
-    if not (src / "config.json").is_file():
-        raise DraftsmithError(f"{src}: not a model directory (no config.json)")
-    copied = []
-    for name in MODEL_FILES:
-        if (src / name).is_file():
-            shutil.copy2(src / name, dest / name)
-            copied.append(name)
-    for shard in sorted(src.glob("model-*.safetensors")):
-        shutil.copy2(shard, dest / shard.name)
-        copied.append(shard.name)
-    return copied
-
-
-def _vocab_size(path: str, **kw) -> int:
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(path, **kw).get_text_config().vocab_size
-
-
-def match_target_vocab(cfg: Config, model_dir: Path) -> None:
-    """Rewrite the exported draft on the target's row count, padding rows filled (vocab.py).
-
-    vLLM's `draft_model` method refuses a draft whose vocab_size differs from the target's,
-    and it does not cut rows past the tokenizer the way draftsmith's engine does: those
-    are set to the mean of the real rows (again: training moved the real ones), so greedy
-    drafting never proposes one. A draft with neither difference is left as copied.
-    """
-    t = cfg.target
-    target_rows = _vocab_size(
-        resolve_model(t.model, "target.model"),
-        trust_remote_code=t.trust_remote_code,
-        revision=t.revision,
-    )
-    num_ids = token_id_count(load_tokenizer(str(model_dir), key="export.checkpoint"))
-    remote = t.trust_remote_code
-    if _vocab_size(str(model_dir), trust_remote_code=remote) == target_rows == num_ids:
-        return
-    from transformers import AutoModelForCausalLM
-
-    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto", trust_remote_code=remote)
-    match_vocab_rows(lm, target_rows, num_ids, key="target.model")
-    for old in [*model_dir.glob("model*.safetensors"), model_dir / "model.safetensors.index.json"]:
-        old.unlink(missing_ok=True)  # save_pretrained may shard differently
-    lm.save_pretrained(model_dir)
-
-
-def speculative_config(model_dir: Path, k: int) -> dict:
-    return {"method": "draft_model", "model": str(model_dir.resolve()), "num_speculative_tokens": k}
-
-
 def _fmt(x, digits: int = 3) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
@@ -255,14 +191,15 @@ def _training(meta: dict | None, row: dict) -> str:
     if d is None:  # a checkpoint written before checkpoints recorded their settings
         return f"{(meta or {}).get('loss_name', 'unknown loss')}, {steps} steps (settings not recorded)"
     batch = f"batch {d['batch_size']} x {d['grad_accum_steps']} accumulation, lr {d['lr']}"
+    teacher, more = kind_of(row).card_training(meta["settings"])
     if role == "ce_twin":
         return (
             f"ce (plain cross-entropy on the target's outputs: the run's distill.ce_baseline "
-            f"twin, which ranked above the distilled draft), {steps} steps, {batch}"
+            f"twin, which ranked above the distilled draft), {steps} steps, {batch}{more}"
         )
     return (
-        f"{d['loss']} (teacher: {d['teacher']}, temperature {d['temperature']}), {steps} steps, "
-        f"{batch}"
+        f"{d['loss']} (teacher: {teacher}, temperature {d['temperature']}), {steps} steps, "
+        f"{batch}{more}"
     )
 
 
@@ -318,30 +255,10 @@ def _eval_sets(board: dict, checkpoint: str) -> str:
     return "\n".join(out)
 
 
-def fixed_k_assistant(k: int) -> dict:
-    """Generation-config fields that make transformers' assisted generation draft k per round.
-
-    transformers reads the round size, its schedule and the confidence stop from the
-    *assistant's* generation config, not from generate()'s kwargs; its default stop
-    (threshold 0.4) drafts fewer tokens than k with a weak draft. Threshold 0: no stop.
-    """
-    return {
-        "num_assistant_tokens": k,
-        "num_assistant_tokens_schedule": "constant",
-        "assistant_confidence_threshold": 0.0,
-    }
-
-
-def assistant_generation_config(path: Path, k: int) -> None:
-    """The exported draft drafts k tokens per round as `assistant_model=`, as measured."""
-    fix = "it was copied from the draft's own model dir; repair or delete the file there"
-    gc = checked_read_json(path, fix) if path.is_file() else {}
-    atomic_write_json(path, {**gc, **fixed_k_assistant(k)})
-
-
 def model_card(cfg: Config, board: dict, row: dict, k: int, out: Path, meta: dict | None) -> str:
     """The README of an export; `meta` is the checkpoint's own record (None for a baseline)."""
-    spec = json.dumps(speculative_config(out, k))
+    kind = kind_of(row)
+    spec = json.dumps(kind.speculative_config(out, k))
     target = board.get("target", cfg.target.model)
     target_path = resolve_model(cfg.target.model)  # a dir or hub id that vLLM can load
     positions = ", ".join(_fmt(p, 2) for p in row.get("per_position_acceptance", []))
@@ -356,6 +273,7 @@ changes speed.
 
 ## Draft
 - checkpoint: `{row["checkpoint"]}` (step {row.get("trained_steps", row.get("step"))}), chosen by `{board.get("select_metric")}`
+- kind: {kind.card_kind(meta)}
 - initialisation: {_init(meta, row)}
 - training: {_training(meta, row)}
 
@@ -393,19 +311,7 @@ range over prompts]:
 {format_recommendation({**board, "recommended_k": k})}.
 
 ## Use it
-vLLM:
-```
-vllm serve {target_path} --speculative-config '{spec}'
-```
-transformers:
-```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
-target = AutoModelForCausalLM.from_pretrained("{target_path}")
-draft = AutoModelForCausalLM.from_pretrained("{out.resolve()}")
-tok = AutoTokenizer.from_pretrained("{out.resolve()}")
-inputs = tok("Hello", return_tensors="pt")
-out = target.generate(**inputs, assistant_model=draft, do_sample=False)  # k={k}: generation_config.json
-```
+{kind.card_usage(spec, target_path, out.resolve(), k)}
 """
 
 
@@ -433,18 +339,6 @@ def _refuse_existing(out: Path) -> None:
     )
 
 
-def verify_export(cfg: Config, model_dir: Path, src: Path) -> None:
-    """The exported weights load as the model config.json describes, or nothing is shipped."""
-    from draftsmith.integrity import check_model_shapes
-
-    check_model_shapes(
-        model_dir,
-        fix=f"nothing was exported; {src} is damaged: choose another export.checkpoint or "
-        "retrain it",
-        trust_remote_code=cfg.target.trust_remote_code,
-    )
-
-
 def run_export(cfg: Config) -> Path:
     from draftsmith.distill.checkpoint import read_meta
     from draftsmith.integrity import check_weight_files
@@ -465,12 +359,9 @@ def run_export(cfg: Config) -> Path:
     make_dir(out.parent, "export.output_dir")
     record_config(cfg)
     clean_stale_temps(out.parent, prefix=out.name + TMP_MARK)  # a killed export's temp dir
+    kind = kind_of(row)
     with atomic_dir(out, overwrite=cfg.export.overwrite) as tmp:
-        copy_model_files(src, tmp)
-        match_target_vocab(cfg, tmp)
-        verify_export(cfg, tmp, src)
-        assistant_generation_config(tmp / "generation_config.json", k)
-        atomic_write_json(tmp / "speculative_config.json", speculative_config(out, k))
+        kind.export(cfg, src, k, tmp, out)  # model files + speculative_config.json, validated
         atomic_write_json(tmp / "leaderboard_row.json", row)
         (tmp / "README.md").write_text(model_card(cfg, board, row, k, out, meta))
         atomic_write_json(
@@ -485,5 +376,5 @@ def run_export(cfg: Config) -> Path:
             },
         )
     _log_artifact(cfg, out, row)
-    print(f"exported {row['checkpoint']} to {out} (recommended k={k})")
+    print(f"exported {row['checkpoint']} ({kind.name}) to {out} (recommended k={k})")
     return out

@@ -33,7 +33,8 @@ def stage_function(name: str) -> Callable[[Config], object]:
 def preflight(cfg: Config, stages: list[str]) -> None:
     """Each stage's cheap consistency checks, before any stage runs or writes.
 
-    `draftsmith run` with a changed loss fails here, not after generate has run; the
+    `draftsmith run` with a changed loss, or a target the configured kinds cannot be
+    built on, fails here, not after generate has run; the
     stages repeat their own checks when called alone.
     """
     if "generate" in stages:
@@ -42,8 +43,15 @@ def preflight(cfg: Config, stages: list[str]) -> None:
         finished_meta(cfg, cfg.output_dir / "data")  # data made with other settings
     if "distill" in stages:
         from draftsmith.distill.stage import check_distill_settings
+        from draftsmith.kinds import check_target
+        from draftsmith.models import load_target_config, load_target_tokenizer
+        from draftsmith.vocab import token_id_count
 
         check_distill_settings(cfg)  # checkpoints trained with other settings
+        # each kind against the target's config and tokenizer (no weights): a target an
+        # eagle3 head cannot be built on fails before generate runs
+        num_ids = token_id_count(load_target_tokenizer(cfg.target))
+        check_target(cfg, load_target_config(cfg.target), num_ids)
     if "export" in stages:
         from draftsmith.export import check_export_target
 

@@ -17,6 +17,13 @@ One round, with the committed sequence `seq` of length n (both caches hold at mo
 With no draft (or k = 0) the same loop is the target-only baseline: one 1-token target
 forward per emitted token, same caches, same sampling code, so speed comparisons are fair.
 
+The draft side is a `Proposer` (one per kind of draft, draftsmith/kinds.py): prefill,
+propose (tokens and q over the target vocabulary), crop, observe. IndependentProposer is
+the causal-LM draft described above; evaluate/eagle3_proposer.py drafts with an eagle3
+head, which reads the target's hidden states: the engine then asks the target's prefill and
+verify passes for those layers' states and hands them over. The invariant both keep: with
+n committed tokens the target's cache holds n-1 and the first round feeds seq[-1] + drafts.
+
 Timing: every draft and target forward is timed on its own (perf_counter; cuda synchronize),
 split into single-token forwards and multi-token ones, so the draft cost ratio
 c = mean draft 1-token forward / mean target 1-token forward can be measured.
@@ -25,7 +32,7 @@ c = mean draft 1-token forward / mean target 1-token forward can be measured.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -99,11 +106,132 @@ def greedy_accept(target_logits: torch.Tensor, drafted: torch.Tensor) -> tuple[i
     return n_acc, int(best[n_acc])
 
 
+# ----------------------------------------------------------------------------- forwards
+
+
+def timed(fn: Callable, sync_device: torch.device | None):
+    """(fn(), seconds); with a CUDA device the clock waits for the kernels on both ends."""
+    if sync_device is not None:
+        torch.cuda.synchronize(sync_device)
+    start = time.perf_counter()
+    out = fn()
+    if sync_device is not None:
+        torch.cuda.synchronize(sync_device)
+    return out, time.perf_counter() - start
+
+
+@dataclass
+class DraftContext:
+    """What a proposer needs from the decoder driving it (handed over at every prefill)."""
+
+    vocab: int  # token ids that may be proposed: 0..vocab-1 (the tokenizer's ids)
+    sampling: SamplingConfig
+    device: torch.device
+    sync_device: torch.device | None  # CUDA: synchronize around timed forwards
+
+    def select(self, scores: torch.Tensor, gen: torch.Generator):
+        """scores (V,) over target ids -> (token (1,), q (V,) or None when greedy)."""
+        if self.sampling.greedy:
+            return scores.argmax(-1, keepdim=True), None  # stays on device, no sync
+        q = sampling_probs(scores, self.sampling)  # (V,)
+        return torch.multinomial(q, 1, generator=gen), q
+
+
+def record_draft_forward(res: DecodeResult, seconds: float, n_tokens: int) -> None:
+    """Count one draft forward; single-token ones feed the cost ratio c."""
+    res.draft_forwards += 1
+    if n_tokens == 1:
+        res.draft_1tok_time += seconds
+        res.draft_1tok_n += 1
+
+
+# ----------------------------------------------------------------------------- proposers
+
+
+class Proposer:
+    """One kind of draft as the engine drives it: propose k tokens, learn what was verified.
+
+    Per prompt: `prefill` once (after the target's prefill), then each round `propose`,
+    the target's verify pass, and, unless the round ended decoding, `crop` and `observe`.
+    A kind that reads the target's hidden states names their layers in `aux_layer_ids`
+    (ids into a transformers forward's hidden_states: the input of decoder layer i); the
+    engine then hands it those states, concatenated (T, len(ids) x d), for the prompt
+    prefill and for each verify pass.
+    """
+
+    module: torch.nn.Module  # the draft's weights (timing scope, few-row matmuls)
+    aux_layer_ids: Sequence[int] | None = None
+
+    def prefill(self, ctx: DraftContext, prompt: list[int], target_hidden) -> None:
+        raise NotImplementedError
+
+    def propose(self, seq: list[int], k: int, gen, res: DecodeResult):
+        """Up to k draft tokens (k',) and their q (k', V) (None when greedy)."""
+        raise NotImplementedError
+
+    def crop(self, keep: int) -> None:
+        """The target's cache now holds `keep` tokens: drop what was not verified."""
+        raise NotImplementedError
+
+    def observe(self, new: list[int], target_hidden) -> None:
+        """The round's emitted tokens and, for aux readers, the verify pass's states of
+        [seq[-1], accepted drafts] (one row per emitted token)."""
+
+
+class IndependentProposer(Proposer):
+    """A causal LM with its own KV cache: feed the tokens it lacks, then draft one at a time."""
+
+    def __init__(self, model):
+        self.module = model
+        self._kw = cache_kwarg(model)
+        self.cache = None
+
+    def prefill(self, ctx: DraftContext, prompt: list[int], target_hidden=None) -> None:
+        """The cache takes all prompt tokens but the last (the first round feeds that one)."""
+        self.ctx, self.cache = ctx, new_cache(self.module)
+        if len(prompt) > 1:
+            ids = torch.tensor([prompt[:-1]], device=ctx.device)
+            self.module(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._kw: self.cache})
+
+    def propose(self, seq: list[int], k: int, gen, res: DecodeResult):
+        ctx = self.ctx
+        ids = torch.tensor([seq[self.cache.get_seq_length() :]], device=ctx.device)  # (1, 1 or 2)
+        tokens, probs = [], []
+        for _ in range(k):
+            logits, dt = timed(lambda ids=ids: self._logits(ids), ctx.sync_device)
+            record_draft_forward(res, dt, ids.shape[1])
+            tok, q = ctx.select(logits, gen)
+            tokens.append(tok)
+            if q is not None:
+                probs.append(q)
+            ids = tok.view(1, 1)
+        return torch.cat(tokens), (torch.stack(probs) if probs else None)  # (k,), (k, V)
+
+    def _logits(self, ids: torch.Tensor) -> torch.Tensor:
+        out = self.module(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._kw: self.cache})
+        return out.logits[0, -1, : self.ctx.vocab]  # (V,)
+
+    def crop(self, keep: int) -> None:
+        # after a full accept the cache lacks d_k: it rides along with the next round's input
+        crop_cache(self.cache, min(self.cache.get_seq_length(), keep))
+
+
+def as_proposer(draft) -> Proposer | None:
+    """A Proposer as is; a bare causal LM as an independent draft; None stays None."""
+    if draft is None or isinstance(draft, Proposer):
+        return draft
+    return IndependentProposer(draft)
+
+
 # ----------------------------------------------------------------------------- the engine
 
 
 class SpeculativeDecoder:
-    """Speculative decoding of one prompt at a time; `draft=None` is the target-only baseline."""
+    """Speculative decoding of one prompt at a time; `draft=None` is the target-only baseline.
+
+    `draft`: a Proposer (draftsmith.kinds makes one for each kind of draft) or a causal LM,
+    which is run as an independent draft.
+    """
 
     def __init__(
         self,
@@ -117,8 +245,9 @@ class SpeculativeDecoder:
         few_row_linear: bool = True,
         num_ids: int | None = None,
     ):
-        self.target, self.draft = target, draft
-        self.k = k if draft is not None else 0
+        self.target = target
+        self.proposer = as_proposer(draft)
+        self.k = k if self.proposer is not None else 0
         self.sampling = sampling or SamplingConfig()
         self.eos_ids = set(eos_ids)
         self.verify_fn = verify_fn or rejection_sample
@@ -127,65 +256,59 @@ class SpeculativeDecoder:
         # decoder's target and draft are switched, one-row forwards are unaffected.
         self.few_row_linear = few_row_linear
         self.device = next(target.parameters()).device
-        self._sync = self.device.type == "cuda"
+        self._sync = self.device if self.device.type == "cuda" else None
         self._target_kw = cache_kwarg(target)
-        self._draft_kw = cache_kwarg(draft) if draft is not None else None
+        self._aux = None if self.proposer is None else self.proposer.aux_layer_ids
         # Only the tokenizer's ids (`num_ids`, draftsmith.vocab.token_id_count) are ever
         # proposed, sampled or emitted: both models' logits are cut to them, so padding rows
         # (either model's, whatever their weights) never win, and a draft with another row
         # count than the target still gives p and q of one width. Without num_ids: the
         # smaller row count of the two (every token id is below both).
-        rows = [m.config.get_text_config().vocab_size for m in (target, draft) if m is not None]
-        self.vocab = num_ids or min(rows)
+        models = [target] + ([self.proposer.module] if self.proposer is not None else [])
+        self.vocab = num_ids or min(m.config.get_text_config().vocab_size for m in models)
 
-    # -- forwards ---------------------------------------------------------------------------
+    @property
+    def draft(self):
+        return None if self.proposer is None else self.proposer.module
 
-    def _forward(self, model, kw: str, cache, ids: torch.Tensor, n_logits: int):
-        """ids (1, T) -> logits (n_logits, V) for the last n_logits positions, and seconds."""
-        if self._sync:
-            torch.cuda.synchronize(self.device)
-        start = time.perf_counter()
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=n_logits, **{kw: cache})
-        logits = out.logits[0, :, : self.vocab]
-        if self._sync:
-            torch.cuda.synchronize(self.device)
-        return logits, time.perf_counter() - start
+    # -- target forwards --------------------------------------------------------------------
 
-    def _prefill(self, model, kw: str, cache, prompt: list[int]) -> None:
-        """Fill the cache with all prompt tokens but the last (the first round feeds that one)."""
-        if len(prompt) > 1:
-            ids = torch.tensor([prompt[:-1]], device=self.device)
-            model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: cache})
+    def _target(self, cache, ids: torch.Tensor, n_logits: int):
+        """ids (1, T) -> logits (n_logits, V), the aux hidden states (T, 3d) the proposer
+        reads (None when it reads none), and seconds."""
+
+        def run():
+            out = self.target(
+                input_ids=ids,
+                use_cache=True,
+                logits_to_keep=n_logits,
+                output_hidden_states=self._aux is not None,
+                **{self._target_kw: cache},
+            )
+            hidden = None
+            if self._aux is not None:
+                hidden = torch.cat([out.hidden_states[i][0] for i in self._aux], dim=-1)
+            return out.logits[0, :, : self.vocab], hidden
+
+        (logits, hidden), dt = timed(run, self._sync)
+        return logits, hidden, dt
+
+    def _prefill(self, cache, prompt: list[int]):
+        """The target's cache takes all prompt tokens but the last (the first round feeds
+        that one); returns their aux hidden states (P-1, 3d) when the proposer reads them."""
+        if len(prompt) <= 1:
+            return None
+        ids = torch.tensor([prompt[:-1]], device=self.device)
+        return self._target(cache, ids, 1)[1]
 
     # -- one round ----------------------------------------------------------------------------
 
-    def _propose(self, seq, cache, k: int, gen, res: DecodeResult):
-        """Draft k tokens autoregressively. Returns drafted (k,) and q (k, V) (None if greedy)."""
-        ids = torch.tensor([seq[cache.get_seq_length() :]], device=self.device)  # (1, 1 or 2)
-        tokens, probs = [], []
-        for _ in range(k):
-            logits, dt = self._forward(self.draft, self._draft_kw, cache, ids, 1)
-            if ids.shape[1] == 1:
-                res.draft_1tok_time += dt
-                res.draft_1tok_n += 1
-            res.draft_forwards += 1
-            if self.sampling.greedy:
-                tok = logits[-1].argmax(-1, keepdim=True)  # (1,) stays on device, no sync
-            else:
-                q = sampling_probs(logits[-1], self.sampling)  # (V,)
-                tok = torch.multinomial(q, 1, generator=gen)
-                probs.append(q)
-            tokens.append(tok)
-            ids = tok.view(1, 1)
-        drafted = torch.cat(tokens)  # (k,)
-        return drafted, (torch.stack(probs) if probs else None)
-
-    def _verify(self, seq, cache, drafted, q, gen, res: DecodeResult) -> tuple[int, int]:
-        """One target forward over [seq[-1], drafted...]; returns (num_accepted, next token)."""
+    def _verify(self, seq, cache, drafted, q, gen, res: DecodeResult):
+        """One target forward over [seq[-1], drafted...] -> (num_accepted, next token, hidden)."""
         k = drafted.numel()
         last = torch.tensor([seq[-1]], device=self.device)
         ids = torch.cat([last, drafted]).view(1, k + 1)
-        logits, dt = self._forward(self.target, self._target_kw, cache, ids, k + 1)  # (k+1, V)
+        logits, hidden, dt = self._target(cache, ids, k + 1)  # (k+1, V), (k+1, 3d)
         res.target_forwards += 1
         if k:
             res.target_verify_time += dt
@@ -194,11 +317,11 @@ class SpeculativeDecoder:
             res.target_1tok_time += dt
             res.target_1tok_n += 1
         if self.sampling.greedy:
-            return greedy_accept(logits, drafted)
+            return (*greedy_accept(logits, drafted), hidden)
         p = sampling_probs(logits, self.sampling)  # (k+1, V)
         if q is None:
             q = p.new_zeros((0, p.shape[-1]))
-        return self.verify_fn(p, q, drafted, gen)
+        return (*self.verify_fn(p, q, drafted, gen), hidden)
 
     def _emit(self, seq, drafted, n_acc: int, nxt: int, budget: int) -> tuple[list[int], bool]:
         """Tokens this round adds, cut after an EOS or at the budget; and whether to stop."""
@@ -221,37 +344,36 @@ class SpeculativeDecoder:
         gen = torch.Generator(device=self.device).manual_seed(seed)
         res = DecodeResult(tokens=[], k=self.k, accepted_at=[0] * self.k, reached_at=[0] * self.k)
         t_cache = new_cache(self.target)
-        self._prefill(self.target, self._target_kw, t_cache, prompt)
-        d_cache = None
-        if self.draft is not None:
-            d_cache = new_cache(self.draft)
-            self._prefill(self.draft, self._draft_kw, d_cache, prompt)
+        hidden = self._prefill(t_cache, prompt)
+        prop = self.proposer
+        if prop is not None:
+            ctx = DraftContext(self.vocab, self.sampling, self.device, self._sync)
+            prop.prefill(ctx, prompt, hidden)
 
-        seq = prompt  # committed tokens; the caches hold a prefix of seq[:-1]
+        seq = prompt  # committed tokens; the target's cache holds seq[:-1]
         done = False
         while not done:
             budget = max_new_tokens - len(res.tokens)
             # never draft past the budget: a round emits at most k_round + 1 tokens
             k_round = min(self.k, budget - 1)
+            drafted, q = torch.empty(0, dtype=torch.long, device=self.device), None
             if k_round > 0:
-                drafted, q = self._propose(seq, d_cache, k_round, gen, res)
-            else:
-                drafted, q = torch.empty(0, dtype=torch.long, device=self.device), None
+                drafted, q = prop.propose(seq, k_round, gen, res)
+            k_round = drafted.numel()  # a proposer may have fewer (eagle3: nothing before g_0)
             n_target = t_cache.get_seq_length()
-            n_acc, nxt = self._verify(seq, t_cache, drafted, q, gen, res)
+            n_acc, nxt, hidden = self._verify(seq, t_cache, drafted, q, gen, res)
             new, done = self._emit(seq, drafted, n_acc, nxt, budget)
             self._record_round(res, k_round, n_acc, new)
             seq = seq + new
             res.tokens.extend(new)
             if not done:
-                self._crop(t_cache, n_target + 1 + n_acc)
-                if d_cache is not None:
-                    self._crop(d_cache, min(d_cache.get_seq_length(), n_target + 1 + n_acc))
+                crop_cache(t_cache, n_target + 1 + n_acc)
+                if prop is not None:
+                    prop.crop(n_target + 1 + n_acc)
+                    prop.observe(new, None if hidden is None else hidden[: n_acc + 1])
         res.stop_reason = "eos" if res.tokens and res.tokens[-1] in self.eos_ids else "length"
         res.wall_time = time.perf_counter() - start
         return res
-
-    _crop = staticmethod(crop_cache)
 
     @staticmethod
     def _record_round(res: DecodeResult, k_round: int, n_acc: int, new: list[int]) -> None:

@@ -9,6 +9,7 @@ from draftsmith.config import Config
 from draftsmith.data import HELDOUT, load_eval_prompts
 from draftsmith.distill import list_checkpoints
 from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.kinds import get_kind, kind_of
 
 STANDARD_SET = "mtbench"  # the primary eval set by default, when a run has it
 
@@ -69,39 +70,53 @@ def select_prompts(prompts: list[dict], limit: int | None) -> list[dict]:
     return sorted(picked, key=lambda p: order[id(p)])
 
 
-def list_drafts(output_dir: Path, baselines: list[str], ce_baseline: bool = False) -> list[dict]:
-    """Every checkpoint-<step> (by step), the CE twin's last checkpoint, then evaluate.baselines.
+def list_drafts(
+    output_dir: Path,
+    baselines: list[str],
+    ce_baseline: bool = False,
+    kinds: list[str] | tuple[str, ...] = ("independent",),
+) -> list[dict]:
+    """Each kind's checkpoint-<step> (by step) and its CE twin's last checkpoint, then
+    evaluate.baselines.
 
-    `role` says what a draft is, for reports: "init" (checkpoint-0), "distilled" (the
-    configured loss), "ce_twin" (distill.ce_baseline) or "baseline" (evaluate.baselines);
-    `trained_steps` how far this run trained it (None for a baseline).
+    `kind` says which kind of draft it is (draftsmith/kinds.py: how it is loaded and run;
+    baselines are independent drafts); `name` is unique across kinds (an eagle3 checkpoint
+    is `eagle3-checkpoint-<step>`). `role` says what a draft is, for reports: "init"
+    (checkpoint-0), "distilled" (the configured loss), "ce_twin" (distill.ce_baseline) or
+    "baseline" (evaluate.baselines); `trained_steps` how far this run trained it (None for
+    a baseline).
     """
-    ckpt_dir = Path(output_dir) / "checkpoints"
-    drafts = [
-        {
-            "name": p.name,
-            "ref": str(p),
-            "step": step,
-            "role": "distilled" if step else "init",
-            "trained_steps": step,
-        }
-        for step, p in list_checkpoints(ckpt_dir)
-    ]
-    if ce_baseline:
-        # distill.ce_baseline: same data, steps and init, plain cross-entropy (distill/stage.py)
-        twin = list_checkpoints(Path(output_dir) / "ablations" / "ce")
-        if twin:
-            step, path = twin[-1]
-            # step None keeps it off the per-step plots; trained_steps says how far it went
-            drafts.append(
-                {
-                    "name": f"ce-{path.name}",
-                    "ref": str(path),
-                    "step": None,
-                    "role": "ce_twin",
-                    "trained_steps": step,
-                }
-            )
+    drafts, dirs = [], []
+    for kind in map(get_kind, kinds):
+        ckpt_dir = kind.checkpoints_dir(output_dir)
+        dirs.append(str(ckpt_dir))
+        drafts += [
+            {
+                "name": kind.draft_name(p.name),
+                "ref": str(p),
+                "step": step,
+                "role": "distilled" if step else "init",
+                "trained_steps": step,
+                "kind": kind.name,
+            }
+            for step, p in list_checkpoints(ckpt_dir)
+        ]
+        if ce_baseline:
+            # distill.ce_baseline: same data, steps and init, plain cross-entropy (distill/stage.py)
+            twin = list_checkpoints(kind.ce_dir(output_dir))
+            if twin:
+                step, path = twin[-1]
+                # step None keeps it off the per-step plots; trained_steps says how far it went
+                drafts.append(
+                    {
+                        "name": kind.draft_name(f"ce-{path.name}"),
+                        "ref": str(path),
+                        "step": None,
+                        "role": "ce_twin",
+                        "trained_steps": step,
+                        "kind": kind.name,
+                    }
+                )
     for i, ref in enumerate(baselines):
         path = Path(ref).expanduser()
         name = path.name if path.exists() else ref
@@ -114,11 +129,12 @@ def list_drafts(output_dir: Path, baselines: list[str], ce_baseline: bool = Fals
                 "role": "baseline",
                 "trained_steps": None,
                 "key": key,
+                "kind": "independent",
             }
         )
     if not drafts:
         raise DraftsmithError(
-            f"{ckpt_dir}: no checkpoints to evaluate (and evaluate.baselines is empty); "
+            f"{', '.join(dirs)}: no checkpoints to evaluate (and evaluate.baselines is empty); "
             "run `draftsmith distill CONFIG` first"
         )
     return drafts
@@ -153,5 +169,7 @@ def check_drafts(cfg: Config, drafts: list[dict]) -> None:
             read_meta(path)
         if path.is_dir():
             check_weight_files(path)
+        if not kind_of(d).own_tokenizer:  # an EAGLE-3 head reads the target's own tokens
+            continue
         tok = load_tokenizer(d["ref"], trust_remote_code=trust, key=d.get("key", "checkpoint"))
         check_tokenizers_compatible(target_tok, tok, cfg.target.model, label)

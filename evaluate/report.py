@@ -37,6 +37,7 @@ METRIC_KEYS = tuple(key for key, _, _ in METRIC_COLUMNS)
 TRAINED_ROLES = ("init", "distilled", "ce_twin")
 TABLE_COLUMNS = (
     ("checkpoint", "checkpoint", "{}"),
+    ("kind", "kind", "{}"),
     ("step", "step", "{}"),
     ("measured_by", "by", "{}"),
     ("num_prompts", "n", "{}"),
@@ -46,8 +47,10 @@ TABLE_COLUMNS = (
     *METRIC_COLUMNS[4:],
 )
 BY_SHORT = {"teacher_forced": "tf", "engine": "engine"}
+BY_COLUMN = [key for key, _, _ in TABLE_COLUMNS].index("measured_by")
 CSV_FIELDS = (
     "checkpoint",
+    "kind",
     "step",
     *METRIC_KEYS,
     "num_speculative_tokens",
@@ -61,7 +64,6 @@ CSV_FIELDS = (
     "path",
     "eval_set",
     "measured_by",
-    "kind",
     "speedup_iqr",
 )
 
@@ -112,7 +114,7 @@ def _row_table(rows: list[dict], best: str | None) -> list[str]:
     body = []
     for row in rows:
         cells = [_cell(row.get(key), fmt) for key, _, fmt in TABLE_COLUMNS]
-        cells[2] = BY_SHORT.get(row.get("measured_by"), cells[2])
+        cells[BY_COLUMN] = BY_SHORT.get(row.get("measured_by"), cells[BY_COLUMN])
         if row["checkpoint"] == best:
             cells[0] = "*" + cells[0]
         body.append(cells)

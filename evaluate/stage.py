@@ -5,8 +5,9 @@ with evaluate.turn2 also `<set>-turn2`, evaluate/turn2.py):
   1. the target-only baseline: every prompt decoded by the engine without a draft (its
      timings, and at temperature 0 the target's own greedy output);
   2. every draft on every prompt at k = evaluate.num_speculative_tokens: greedy, one
-     teacher-forced draft pass over the target's output replayed into the engine's exact
-     counts (evaluate/teacher_forced.py; a draft kind's own replay via kind_replay);
+     teacher-forced pass over the target's output replayed into the engine's exact counts
+     (each draft kind's own replay, draftsmith/kinds.py: evaluate/teacher_forced.py for an
+     independent draft, one per k for an EAGLE-3 head);
      sampled, the engine itself;
   3. greedy: the real engine on the best draft of each kind and the drafts in
      `comparisons`, on at most evaluate.engine_max_prompts prompts per set: wall clock,
@@ -20,7 +21,8 @@ Every row carries `eval_set` and `measured_by`: "teacher_forced" (exact counts o
 prompt of the set, no timings) or "engine" (real decoding of its `num_prompts` prompts).
 
 Cache files live in <out>/eval/results/: `target-only-<set>-<settings>.json`,
-`<draft>-<set>-tf.json` (the teacher-forced pass), `<draft>-<set>-k<k>-t<temperature>.json`
+`<draft>-<set>-tf.json` (the teacher-forced pass; `-tf-k<k>.json` for a kind whose pass
+depends on k), `<draft>-<set>-k<k>-t<temperature>.json`
 (the engine), `costs-<draft>-<settings>.json` (the timing) and
 `turn1-answers-<set>-<settings>.json`, each holding the settings they were measured under;
 a file whose settings differ (other prompts, max_new_tokens, target, a rewritten
@@ -62,6 +64,7 @@ from draftsmith.evaluate.ranking import (
     recommend_k,
 )
 from draftsmith.io import atomic_write_json, clean_stale_temps, kill_hook
+from draftsmith.kinds import kind_of
 from draftsmith.models import (
     check_tokenizers_compatible,
     eos_token_ids,
@@ -198,7 +201,7 @@ class NativeEvaluator:
         self.target_path = resolve_model(cfg.target.model, "target.model")
         self.sampling = _sampling(cfg)
         self._draft_cache: dict[str, object] = {}
-        self._agreements: dict[tuple[str, str], list[dict]] = {}
+        self._passes: dict[tuple, list[dict]] = {}
 
     def settings(self, prompts: list[dict]) -> dict:
         return _settings(self.cfg, prompts, self.target_path)
@@ -215,10 +218,10 @@ class NativeEvaluator:
     def _eos(self):
         return eos_token_ids(self.models.tokenizer(), self.models.target().generation_config)
 
-    def _decoder(self, draft_model, k: int) -> SpeculativeDecoder:
+    def _decoder(self, proposer, k: int) -> SpeculativeDecoder:
         return SpeculativeDecoder(
             self.models.target(),
-            draft_model,
+            proposer,
             k=k,
             sampling=self.sampling,
             eos_ids=self._eos(),
@@ -227,8 +230,9 @@ class NativeEvaluator:
         )
 
     def draft_model(self, draft: dict):
-        if draft["name"] not in self._draft_cache:
-            self._draft_cache = {draft["name"]: self.models.draft(draft)}  # keep one draft loaded
+        """The module `draft`'s kind runs (an HF model, or an EAGLE-3 head on the target)."""
+        if draft["name"] not in self._draft_cache:  # keep one draft loaded
+            self._draft_cache = {draft["name"]: kind_of(draft).load(draft, self.models)}
         return self._draft_cache[draft["name"]]
 
     # -- the target alone -------------------------------------------------------------------
@@ -245,42 +249,52 @@ class NativeEvaluator:
 
     # -- the teacher-forced replay (greedy) -------------------------------------------------
 
-    def agreement(self, draft: dict, name: str, prompts: list[dict], base: list[dict]):
-        """Per prompt {"id", "agree", "margin"}: one teacher-forced pass of the draft over the
-        target's greedy output (`base`)."""
-        if (draft["name"], name) in self._agreements:
-            return self._agreements[draft["name"], name]
-        kind = draft.get("kind") or "independent"
-        settings = {**self.settings(prompts), "draft": _fingerprint(draft["ref"]), "replay": kind}
-        path = self.dir / f"{_safe(draft['name'])}-{_safe(name)}-tf.json"
+    def teacher_forced(self, draft: dict, name: str, prompts: list[dict], base: list[dict], k):
+        """Per prompt the kind's teacher-forced record (with "margin") over the target's greedy
+        output (`base`): one pass for every k, or one per k for a kind whose pass depends on it."""
+        kind = kind_of(draft)
+        replay = kind.replay()
+        at = k if replay.per_k else None
+        key = (draft["name"], name, at)
+        if key in self._passes:
+            return self._passes[key]
+        settings = {
+            **self.settings(prompts),
+            "draft": _fingerprint(draft["ref"]),
+            "replay": kind.name,
+        }
+        suffix = ""
+        if at is not None:
+            settings["k"], suffix = at, f"-k{at}"
+        path = self.dir / f"{_safe(draft['name'])}-{_safe(name)}-tf{suffix}.json"
 
         def make():
-            replay = teacher_forced.kind_replay(kind)
             model, vocab = self.draft_model(draft), token_id_count(self.models.tokenizer())
+            budget = self.cfg.evaluate.max_new_tokens
             out = []
             for p, b in zip(prompts, base):
-                agree, margin = replay.agreement(
-                    model, self.models.target, p["prompt_ids"], b["tokens"], vocab
+                record = replay.teacher_forced_pass(
+                    model, self.models.target, p["prompt_ids"], b["tokens"], vocab, k, budget
                 )
-                out.append({"id": p["id"], "agree": agree, "margin": margin})
+                out.append({"id": p["id"], **record})
             return {"results": out}
 
         results = self._cached(path, settings, make)["results"]
         kill_hook(f"evaluate:{draft['name']}:{name}:tf")
-        self._agreements[draft["name"], name] = results
+        self._passes[key] = results
         return results
 
     def replayed(self, draft: dict, name: str, prompts: list[dict], base: list[dict], k: int):
         """Per-prompt results with the engine's count fields at k, from the replay."""
-        budget = self.cfg.evaluate.max_new_tokens
+        budget, replay = self.cfg.evaluate.max_new_tokens, kind_of(draft).replay()
         return [
             {
                 "id": b["id"],
                 "category": b["category"],
                 "margin": a["margin"],
-                **teacher_forced.replay(a["agree"], b["tokens"], k, budget),
+                **replay.result(a, b["tokens"], k, budget),
             }
-            for a, b in zip(self.agreement(draft, name, prompts, base), base)
+            for a, b in zip(self.teacher_forced(draft, name, prompts, base, k), base)
         ]
 
     # -- the engine ---------------------------------------------------------------------------
@@ -292,7 +306,7 @@ class NativeEvaluator:
         path = self.dir / f"{_safe(draft['name'])}-{_safe(name)}-k{k}-t{t:g}.json"
 
         def make():
-            decoder = self._decoder(self.draft_model(draft), k)
+            decoder = self._decoder(kind_of(draft).proposer(self.draft_model(draft)), k)
             results = decode_prompts(decoder, prompts, self.cfg, f"{draft['name']} {name} k={k}")
             rate = None
             if self.sampling.greedy:
@@ -340,8 +354,7 @@ class NativeEvaluator:
             output = base[i]["tokens"]
             context = list(prompts[i]["prompt_ids"]) + list(output)
             model = self.draft_model(draft)
-            replay = teacher_forced.kind_replay(draft.get("kind"))
-            step = replay.draft_step(model, self.models.target, context, output[0])
+            step = kind_of(draft).replay().draft_step(model, self.models.target, context, output[0])
             target = self.models.target()
             few = ev.cpu_few_row_linear
             return timing.measure_costs(
@@ -413,31 +426,36 @@ def hardware() -> str:
     return f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
 
 
-def compared(drafts: list[dict]) -> tuple[dict | None, list[dict]]:
-    """The last distilled checkpoint and the drafts it is compared with (CE twin, init)."""
-    distilled = [d for d in drafts if d.get("role") == "distilled"]
-    if not distilled:
-        return None, []
-    return distilled[-1], [d for d in drafts if d.get("role") in ("ce_twin", "init")]
+def compared(drafts: list[dict]) -> list[tuple[dict, list[dict]]]:
+    """Per kind: its last distilled checkpoint and the drafts it is compared with (its own
+    CE twin and init; a kind is never compared with another kind's drafts)."""
+    out = []
+    for kind in dict.fromkeys(d.get("kind") or "independent" for d in drafts):
+        mine = [d for d in drafts if (d.get("kind") or "independent") == kind]
+        distilled = [d for d in mine if d.get("role") == "distilled"]
+        if distilled:
+            out.append((distilled[-1], [d for d in mine if d.get("role") in ("ce_twin", "init")]))
+    return out
 
 
 def compare_drafts(drafts: list[dict], per_prompt: dict[str, list[dict]], seed: int) -> list[dict]:
-    """The last distilled checkpoint against the CE twin and the untrained init, paired by prompt.
+    """Each kind's last distilled checkpoint against its CE twin and untrained init, paired by
+    prompt.
 
     These are the two claims a run's report makes (the loss beats plain cross-entropy, the
     training beats doing nothing); the paired bootstrap interval says whether the prompts
     measured can tell the drafts apart. Greedy per-prompt counts come from the replay: exact.
     """
-    last, others = compared(drafts)
     out = []
-    for other in others:
-        diff = metrics.paired_acceptance_diff(
-            per_prompt[last["name"]], per_prompt[other["name"]], seed=seed
-        )
-        if diff is not None:
-            out.append(
-                {"draft": last["name"], "against": other["name"], "role": other["role"], **diff}
+    for last, others in compared(drafts):
+        for other in others:
+            diff = metrics.paired_acceptance_diff(
+                per_prompt[last["name"]], per_prompt[other["name"]], seed=seed
             )
+            if diff is not None:
+                out.append(
+                    {"draft": last["name"], "against": other["name"], "role": other["role"], **diff}
+                )
     return out
 
 
@@ -447,8 +465,8 @@ def engine_drafts(drafts: list[dict], rows: list[dict], metric: str) -> list[dic
     names = set()
     for kind in dict.fromkeys(r["kind"] for r in rows):
         names.add(pick_best([r for r in rows if r["kind"] == kind], metric)["checkpoint"])
-    last, others = compared(drafts)
-    names |= {d["name"] for d in ([last] if last else []) + others}
+    for last, others in compared(drafts):
+        names |= {d["name"] for d in [last, *others]}
     return [d for d in drafts if d["name"] in names]
 
 
@@ -581,7 +599,7 @@ def run_evaluate(cfg: Config) -> None:
     clean_stale_temps(results_dir)
     sets = eval_sets(load_prompts(cfg.output_dir), ev.max_prompts)
     primary = choose_primary(cfg, sets)
-    drafts = list_drafts(cfg.output_dir, ev.baselines, cfg.distill.ce_baseline)
+    drafts = list_drafts(cfg.output_dir, ev.baselines, cfg.distill.ce_baseline, cfg.draft.kinds)
     check_drafts(cfg, drafts)  # files whole, tokenizers the target's: before any decoding
     record_config(cfg)
     models = _Models(cfg)

@@ -16,6 +16,11 @@ The one caveat is numerical: a batched pass over T positions and the engine's ca
 1-token steps sum in different orders, so a near-tied argmax can flip. In fp32 that is
 rare (the equality test uses float64 to rule it out; on the real target the two agreed
 exactly on the runs compared in the README).
+
+That is the independent draft's replay. A draft kind whose later drafts in a round read
+its own earlier states (an EAGLE-3 head) brings its own pass through the kinds registry
+(`KindReplay`; evaluate/eagle3_proposer.py): one target forward, then the head's steps
+round by round, at each k.
 """
 
 from __future__ import annotations
@@ -47,10 +52,16 @@ def agreement_and_margin(
     device = next(draft.parameters()).device
     ids = torch.tensor([list(prompt_ids) + list(target_tokens[:-1])], device=device)  # (1, P+n-1)
     logits = draft(input_ids=ids, logits_to_keep=n).logits[0, :, :vocab].float()  # (n, V)
-    top = logits.topk(2, dim=-1).values  # (n, 2)
-    margin = ((top[:, 0] - top[:, 1]) / top[:, 0].abs().clamp_min(1.0)).min().item()
+    margin = relative_margin(logits)
     agree = (logits.argmax(-1) == torch.tensor(list(target_tokens), device=device)).tolist()
     return agree, margin
+
+
+def relative_margin(logits: torch.Tensor) -> float:
+    """The smallest gap between the two highest logits of any row (n, V), relative to the
+    top logit's size: within float rounding, another summation order may argmax otherwise."""
+    top = logits.float().topk(2, dim=-1).values  # (n, 2)
+    return ((top[:, 0] - top[:, 1]) / top[:, 0].abs().clamp_min(1.0)).min().item()
 
 
 def draft_agreement(
@@ -60,18 +71,15 @@ def draft_agreement(
     return agreement_and_margin(draft, prompt_ids, target_tokens, vocab)[0]
 
 
-def replay(agree: Sequence[bool], tokens: Sequence[int], k: int, budget: int) -> dict:
-    """A per-prompt result dict with the engine's count fields (no timings) for k drafts/round."""
-    rounds = metrics.greedy_rounds(agree, k, budget)
+COUNT_KEYS = ("proposed", "accepted", "accepted_at", "reached_at", "target_forwards")
+
+
+def counts_result(tokens: Sequence[int], k: int, counts: dict) -> dict:
+    """A per-prompt result dict with the engine's count fields and zero timings."""
     return {
         "tokens": list(tokens),
         "k": k,
-        "proposed": rounds["proposed"],
-        "accepted": rounds["accepted"],
-        "accepted_at": rounds["accepted_at"],
-        "reached_at": rounds["reached_at"],
-        "target_forwards": rounds["rounds"],
-        "draft_forwards": rounds["proposed"],
+        **{key: counts[key] for key in (*COUNT_KEYS, "draft_forwards")},
         "draft_1tok_time": 0.0,
         "draft_1tok_n": 0,
         "target_1tok_time": 0.0,
@@ -82,19 +90,36 @@ def replay(agree: Sequence[bool], tokens: Sequence[int], k: int, budget: int) ->
     }
 
 
+def replay(agree: Sequence[bool], tokens: Sequence[int], k: int, budget: int) -> dict:
+    """A per-prompt result dict with the engine's count fields (no timings) for k drafts/round."""
+    rounds = metrics.greedy_rounds(agree, k, budget)
+    counts = {**rounds, "target_forwards": rounds["rounds"], "draft_forwards": rounds["proposed"]}
+    return counts_result(tokens, k, counts)
+
+
 def teacher_forced_results(
-    draft, refs: Sequence[dict], k: int, max_new_tokens: int, vocab: int | None = None
+    draft,
+    refs: Sequence[dict],
+    k: int,
+    max_new_tokens: int,
+    vocab: int | None = None,
+    kind: KindReplay | None = None,
+    load_target: Callable | None = None,
 ) -> list[dict]:
     """refs: per prompt {"id", "category", "prompt_ids", "tokens": the target's greedy output
-    under `max_new_tokens`}."""
+    under `max_new_tokens`}. `kind`: the draft kind's replay (default: an independent draft);
+    `load_target()` gives the target to a kind that reads it."""
+    kind = kind or INDEPENDENT
     out = []
     for r in refs:
-        agree = draft_agreement(draft, r["prompt_ids"], r["tokens"], vocab)
+        record = kind.teacher_forced_pass(
+            draft, load_target, r["prompt_ids"], r["tokens"], vocab, k, max_new_tokens
+        )
         out.append(
             {
                 "id": r["id"],
                 "category": r["category"],
-                **replay(agree, r["tokens"], k, max_new_tokens),
+                **kind.result(record, r["tokens"], k, max_new_tokens),
             }
         )
     return out
@@ -112,8 +137,6 @@ def greedy_refs(target, eos_ids, prompts: Sequence[dict], max_new_tokens: int) -
 
 
 # ----------------------------------------------------------------------------- the engine check
-
-COUNT_KEYS = ("proposed", "accepted", "accepted_at", "reached_at", "target_forwards")
 
 
 def replay_mismatches(
@@ -164,33 +187,36 @@ def check_replay(
 
 @dataclass(frozen=True)
 class KindReplay:
-    """What the evaluate stage needs from a draft kind besides the engine.
+    """What the evaluate stage needs from a draft kind besides the engine (draftsmith/kinds.py
+    gives each kind's; `draft` is the module the kind loads, `load_target()` the target for
+    kinds that read it).
 
-    agreement(draft, load_target, prompt_ids, target_tokens, vocab) -> (agree, margin), as
-        agreement_and_margin; `load_target()` gives the target for kinds that read it
+    teacher_forced_pass(draft, load_target, prompt_ids, target_tokens, vocab, k, budget) ->
+        a JSON record per prompt with "margin" (as agreement_and_margin's), cached by the stage
+    result(record, target_tokens, k, budget) -> the engine's count fields at k (counts_result)
+    per_k: whether the pass depends on k (an independent draft's argmax at a position does
+        not, so one pass serves every k; an EAGLE-3 head's later drafts read its own states)
     draft_step(draft, load_target, context, token) -> timing.Step: one proposal step on a
         cache holding `context`, for the cost timing
     """
 
-    agreement: Callable
+    teacher_forced_pass: Callable
+    result: Callable
+    per_k: bool
     draft_step: Callable
 
 
-def _independent_agreement(draft, load_target, prompt_ids, target_tokens, vocab):
-    return agreement_and_margin(draft, prompt_ids, target_tokens, vocab)
+def _independent_pass(draft, load_target, prompt_ids, target_tokens, vocab, k, budget):
+    agree, margin = agreement_and_margin(draft, prompt_ids, target_tokens, vocab)
+    return {"agree": agree, "margin": margin}
+
+
+def _independent_result(record: dict, tokens, k: int, budget: int) -> dict:
+    return replay(record["agree"], tokens, k, budget)
 
 
 def _independent_step(draft, load_target, context, token):
     return timing.independent_draft_step(draft, context, token)
 
 
-INDEPENDENT = KindReplay(_independent_agreement, _independent_step)
-
-
-def kind_replay(kind: str | None) -> KindReplay:
-    """The one place a draft kind's teacher-forced replay is looked up: the independent
-    kind's is this module's; a kind that reads the target (EAGLE-3) brings its own through
-    the draft-kind registry, wired in here."""
-    if kind in (None, "independent"):
-        return INDEPENDENT
-    raise DraftsmithError(f"evaluate: draft kind {kind!r} has no teacher-forced replay")
+INDEPENDENT = KindReplay(_independent_pass, _independent_result, False, _independent_step)

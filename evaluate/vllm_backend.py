@@ -29,6 +29,7 @@ import time
 from draftsmith.config import Config
 from draftsmith.evaluate import metrics
 from draftsmith.evaluate.ranking import check_lossless, draft_path, pick_best, sweep_entry
+from draftsmith.kinds import get_kind
 from draftsmith.models import resolve_model
 from draftsmith.vllm_compat import engine_kwargs, import_vllm
 
@@ -100,16 +101,10 @@ def summary_from_counts(
 # ----------------------------------------------------------------------------- running vLLM
 
 
-def _make_llm(vllm, cfg: Config, target: str, draft: str | None, k: int):
+def _make_llm(vllm, cfg: Config, target: str, draft: str | None, k: int, kind: str = "independent"):
     spec = None
-    if draft is not None:
-        # vLLM (0.15) runs an independent draft only at the target's tensor-parallel size
-        spec = {
-            "method": "draft_model",
-            "model": draft,
-            "num_speculative_tokens": k,
-            "draft_tensor_parallel_size": cfg.evaluate.vllm.tensor_parallel_size,
-        }
+    if draft is not None:  # the draft's dir, run as its kind asks (draftsmith/kinds.py)
+        spec = get_kind(kind).vllm_speculative_config(cfg, draft, k)
     kw = engine_kwargs(cfg, cfg.evaluate.vllm, target)
     return vllm.LLM(**kw, speculative_config=spec, disable_log_stats=False)
 
@@ -182,6 +177,7 @@ def _row(draft: dict, path: str, runs: dict, base: dict, cfg: Config, k: int) ->
         ref_toks += b_out
     row = {
         "checkpoint": draft["name"],
+        "kind": draft.get("kind", "independent"),
         "path": path,
         "step": draft["step"],
         "role": draft.get("role"),
@@ -217,13 +213,12 @@ def vllm_rows(cfg: Config, sets: dict[str, list[dict]], drafts: list[dict], prim
 
     def measure(d: dict, k: int, names: list[str]) -> dict[str, dict]:
         path = draft_path(d)
-        engine = _make_llm(vllm, cfg, target, path, k)
+        engine = _make_llm(vllm, cfg, target, path, k, d.get("kind") or "independent")
         runs = {s: _generate_by_category(vllm, engine, sets[s], cfg, k) for s in names}
         _release(engine)
         return {
             s: {
                 **_row(d, path, runs[s], base[s], cfg, k),
-                "kind": d.get("kind") or "independent",
                 "eval_set": s,
                 "measured_by": "engine",
             }

@@ -21,7 +21,7 @@ import torch
 from draftsmith.config import TargetConfig
 from draftsmith.evaluate import metrics
 from draftsmith.evaluate.engine import SpeculativeDecoder
-from draftsmith.export import fixed_k_assistant
+from draftsmith.hf_export import fixed_k_assistant
 from draftsmith.models import (
     eos_token_ids,
     load_model,

@@ -28,9 +28,38 @@ def tiny_model_dir() -> Path:
     return pull("tiny-random-llama")
 
 
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    """A tiny target model dir, one per test module (tests/test_distill_helpers.py)."""
+    from test_distill_helpers import build_tiny_target
+
+    return build_tiny_target(tmp_path_factory.mktemp("target"))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, target_dir) -> Path:
+    """A generated data dir (16 sequences, top-8 log-probs) from target_dir's model."""
+    from test_distill_helpers import write_dataset
+
+    out = tmp_path_factory.mktemp("data_src")
+    write_dataset(out, target_dir, n=16, k=8)
+    return out / "data"
+
+
 @pytest.fixture
 def tiny_config_path() -> Path:
     return TINY_CONFIG
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """accelerate keeps one AcceleratorState per process and refuses a second with another
+    mixed_precision (tests in fp32, runs on auto = bf16 here): each test starts with none,
+    as each real run is its own process."""
+    yield
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 @pytest.fixture(autouse=True)

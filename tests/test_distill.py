@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,7 +12,13 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-from test_distill_helpers import build_tiny_target, make_cfg, read_wandb_history, write_dataset
+from test_distill_helpers import (
+    build_tiny_target,
+    checkpoint_meta,
+    make_cfg,
+    read_wandb_history,
+    run_dir_with_data,
+)
 
 from draftsmith.config import config_to_dict
 from draftsmith.distill import list_checkpoints
@@ -24,34 +29,10 @@ from draftsmith.errors import DraftsmithError
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory) -> Path:
-    return build_tiny_target(tmp_path_factory.mktemp("target"))
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory, target_dir) -> Path:
-    out = tmp_path_factory.mktemp("data_src")
-    write_dataset(out, target_dir, n=16, k=8)
-    return out / "data"
-
-
-def _run_dir(tmp_path: Path, data_dir: Path) -> Path:
-    out = tmp_path / "run"
-    (out / "data").mkdir(parents=True)
-    os.symlink(data_dir / "dataset", out / "data" / "dataset")
-    (out / "data" / "meta.json").write_text((data_dir / "meta.json").read_text())
-    return out
-
-
-def _meta(path: Path) -> dict:
-    return json.loads((path / "draftsmith_checkpoint.json").read_text())
-
-
 def test_checkpoints_contract_and_finished_stage(tmp_path, target_dir, data_dir, capsys):
     from transformers import AutoModelForCausalLM
 
-    out = _run_dir(tmp_path, data_dir)
+    out = run_dir_with_data(tmp_path, data_dir)
     # the whole data set in every batch, so the loss must go down step by step
     cfg = make_cfg(out, target_dir, max_steps=4, save_every=2, batch_size=16, lr=3e-3)
     run_distill(cfg)
@@ -67,7 +48,7 @@ def test_checkpoints_contract_and_finished_stage(tmp_path, target_dir, data_dir,
         "draftsmith_checkpoint.json",
     ):
         assert (final / name).is_file(), name
-    meta = _meta(final)
+    meta = checkpoint_meta(final)
     assert (
         meta["step"] == 4 and meta["loss_name"] == "forward_kl" and len(meta["loss_history"]) == 4
     )
@@ -98,7 +79,7 @@ def test_checkpoints_contract_and_finished_stage(tmp_path, target_dir, data_dir,
 def test_offline_teacher_trains_without_the_target(tmp_path, target_dir, data_dir, monkeypatch):
     from draftsmith.distill import train as train_mod
 
-    out = _run_dir(tmp_path, data_dir)
+    out = run_dir_with_data(tmp_path, data_dir)
     cfg = make_cfg(out, target_dir, teacher="offline", max_steps=3, save_every=3)
     seen = []
     real = train_mod.setup
@@ -111,12 +92,12 @@ def test_offline_teacher_trains_without_the_target(tmp_path, target_dir, data_di
     monkeypatch.setattr(train_mod, "setup", spy)
     run_distill(cfg)
     assert seen == [None]  # no target in memory
-    hist = _meta(out / "checkpoints" / "checkpoint-3")["loss_history"]
+    hist = checkpoint_meta(out / "checkpoints" / "checkpoint-3")["loss_history"]
     assert len(hist) == 3 and all(h > 0 for h in hist)
 
 
 def test_freeze_embeddings_trains_the_layers_only(tmp_path, target_dir, data_dir):
-    out = _run_dir(tmp_path, data_dir)
+    out = run_dir_with_data(tmp_path, data_dir)
     cfg = make_cfg(out, target_dir, teacher="offline", max_steps=2, save_every=2, lr=3e-3)
     cfg.distill.freeze_embeddings = True
     run_distill(cfg)
@@ -129,7 +110,7 @@ def test_freeze_embeddings_trains_the_layers_only(tmp_path, target_dir, data_dir
 
 
 def test_keep_last_and_resume_never(tmp_path, target_dir, data_dir):
-    out = _run_dir(tmp_path, data_dir)
+    out = run_dir_with_data(tmp_path, data_dir)
     cfg = make_cfg(out, target_dir, max_steps=4, save_every=1, keep_last=2)
     run_distill(cfg)
     assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [0, 3, 4]
@@ -142,7 +123,7 @@ def test_nan_loss_stops_with_clear_error(tmp_path, target_dir, data_dir, monkeyp
     from draftsmith.distill import train as train_mod
     from draftsmith.distill.losses import TokenSum
 
-    out = _run_dir(tmp_path, data_dir)
+    out = run_dir_with_data(tmp_path, data_dir)
     cfg = make_cfg(out, target_dir, max_steps=6, save_every=2)
     real, calls = train_mod.distill_loss, []
 
@@ -158,11 +139,11 @@ def test_nan_loss_stops_with_clear_error(tmp_path, target_dir, data_dir, monkeyp
 
 
 def test_ablation_twin_and_wandb_offline_history(tmp_path, target_dir, data_dir):
-    out = _run_dir(tmp_path, data_dir)
+    out = run_dir_with_data(tmp_path, data_dir)
     cfg = make_cfg(out, target_dir, max_steps=3, save_every=3, log_every=1)
     cfg.tracking.wandb.mode = "offline"
     final = train_draft(cfg, out / "ce_twin", loss_override="ce")
-    meta = _meta(final)
+    meta = checkpoint_meta(final)
     assert meta["loss_name"] == "ce"
     # wandb's service writes the offline log asynchronously: on a loaded machine the last
     # records can land a moment after run.finish() returns, so read until they are there
@@ -189,11 +170,11 @@ def _cli(out: Path, cfg, env_extra: dict | None = None, launcher: list[str] | No
 
 
 def test_sigkill_during_save_and_training_resumes_to_same_result(tmp_path, target_dir, data_dir):
-    ref_out = _run_dir(tmp_path / "ref", data_dir)
+    ref_out = run_dir_with_data(tmp_path / "ref", data_dir)
     ref = _cli(ref_out, make_cfg(ref_out, target_dir, max_steps=6, save_every=2))
     assert ref.returncode == 0, ref.stderr[-2000:]
 
-    out = _run_dir(tmp_path / "killed", data_dir)
+    out = run_dir_with_data(tmp_path / "killed", data_dir)
     cfg = make_cfg(out, target_dir, max_steps=6, save_every=2)
     ck = out / "checkpoints"
     first = _cli(out, cfg, {"DRAFTSMITH_TEST_KILL": "save:4"})  # dies while writing checkpoint-4
@@ -214,8 +195,8 @@ def test_sigkill_during_save_and_training_resumes_to_same_result(tmp_path, targe
     for key in a:
         assert torch.equal(a[key], b[key]), key
     assert (
-        _meta(ck / "checkpoint-6")["loss_history"]
-        == _meta(ref_out / "checkpoints/checkpoint-6")["loss_history"]
+        checkpoint_meta(ck / "checkpoint-6")["loss_history"]
+        == checkpoint_meta(ref_out / "checkpoints/checkpoint-6")["loss_history"]
     )
 
 
@@ -237,7 +218,7 @@ def test_two_process_ddp_matches_one_process(tmp_path, target_dir, data_dir):
         "--dynamo_backend",
         "no",
     ]
-    one_out = _run_dir(tmp_path / "one", data_dir)
+    one_out = run_dir_with_data(tmp_path / "one", data_dir)
     # one process, grad accumulation 2 == two processes, no accumulation: same global batch
     # fp32 throughout: the test is about the accumulation math, and bf16 autocast (the auto
     # choice on CPUs with native bf16) rounds differently with different micro-batch shapes
@@ -247,15 +228,15 @@ def test_two_process_ddp_matches_one_process(tmp_path, target_dir, data_dir):
         launcher=launch + ["--num_processes", "1"],
     )
     assert one.returncode == 0, one.stderr[-3000:]
-    two_out = _run_dir(tmp_path / "two", data_dir)
+    two_out = run_dir_with_data(tmp_path / "two", data_dir)
     two = _cli(
         two_out,
         fp32(make_cfg(two_out, target_dir, max_steps=3, save_every=3)),
         launcher=launch + ["--num_processes", "2"],
     )
     assert two.returncode == 0, two.stderr[-3000:]
-    h1 = _meta(one_out / "checkpoints/checkpoint-3")["loss_history"]
-    h2 = _meta(two_out / "checkpoints/checkpoint-3")["loss_history"]
+    h1 = checkpoint_meta(one_out / "checkpoints/checkpoint-3")["loss_history"]
+    h2 = checkpoint_meta(two_out / "checkpoints/checkpoint-3")["loss_history"]
     assert h1 == pytest.approx(h2, rel=1e-5, abs=1e-7)
     assert h2[-1] != h2[0]  # it trained
     a = load_file(one_out / "checkpoints/checkpoint-3/model.safetensors")
@@ -273,14 +254,16 @@ def test_on_policy_steps_are_deterministic_and_sampled_by_the_draft(tmp_path, ta
     assert not any(is_on_policy_step(0, s, 0.0) for s in range(100))
     hist = []
     for name in ("a", "b"):
-        out = _run_dir(tmp_path / name, data_dir)
+        out = run_dir_with_data(tmp_path / name, data_dir)
         cfg = make_cfg(out, target_dir, max_steps=2, save_every=2, on_policy_fraction=1.0)
         run_distill(cfg)
-        hist.append(_meta(out / "checkpoints/checkpoint-2")["loss_history"])
+        hist.append(checkpoint_meta(out / "checkpoints/checkpoint-2")["loss_history"])
     assert hist[0] == hist[1]
-    off = _run_dir(tmp_path / "off", data_dir)
+    off = run_dir_with_data(tmp_path / "off", data_dir)
     run_distill(make_cfg(off, target_dir, max_steps=2, save_every=2))
-    assert _meta(off / "checkpoints/checkpoint-2")["loss_history"] != hist[0]  # other sequences
+    assert (
+        checkpoint_meta(off / "checkpoints/checkpoint-2")["loss_history"] != hist[0]
+    )  # other sequences
 
 
 def test_pretrained_init_checks_the_vocabulary(tmp_path, target_dir, data_dir):
@@ -290,7 +273,7 @@ def test_pretrained_init_checks_the_vocabulary(tmp_path, target_dir, data_dir):
     tok = AutoTokenizer.from_pretrained(other)
     tok.add_tokens(["<extra_token>"])  # a different vocabulary
     tok.save_pretrained(other)
-    out = _run_dir(tmp_path / "run", data_dir)
+    out = run_dir_with_data(tmp_path / "run", data_dir)
     cfg = make_cfg(out, target_dir, max_steps=1, save_every=1)
     cfg.draft.init, cfg.draft.model = "pretrained", str(other)
     with pytest.raises(
@@ -301,14 +284,17 @@ def test_pretrained_init_checks_the_vocabulary(tmp_path, target_dir, data_dir):
     good = build_tiny_target(tmp_path / "good", seed=2)
     cfg.draft.model = str(good)
     run_distill(cfg)
-    assert _meta(out / "checkpoints/checkpoint-1")["init"].startswith("pretrained")
+    assert checkpoint_meta(out / "checkpoints/checkpoint-1")["init"].startswith("pretrained")
 
 
 def test_ce_baseline_twin_goes_to_ablations(tmp_path, target_dir, data_dir):
-    out = _run_dir(tmp_path, data_dir)
+    out = run_dir_with_data(tmp_path, data_dir)
     cfg = make_cfg(out, target_dir, max_steps=2, save_every=2, ce_baseline=True)
     run_distill(cfg)
-    main, twin = _meta(out / "checkpoints/checkpoint-2"), _meta(out / "ablations/ce/checkpoint-2")
+    main, twin = (
+        checkpoint_meta(out / "checkpoints/checkpoint-2"),
+        checkpoint_meta(out / "ablations/ce/checkpoint-2"),
+    )
     assert (main["loss_name"], twin["loss_name"]) == ("forward_kl", "ce")
     # same init: checkpoint-0 of both is the same model
     a = load_file(out / "checkpoints/checkpoint-0/model.safetensors")
@@ -321,11 +307,14 @@ def test_constant_schedule_and_cost_bookkeeping(tmp_path, target_dir, data_dir):
     points of a scaling curve); checkpoints count the tokens and CPU seconds spent so far."""
     from draftsmith.data import load_train_dataset
 
-    out = _run_dir(tmp_path, data_dir)
+    out = run_dir_with_data(tmp_path, data_dir)
     cfg = make_cfg(out, target_dir, max_steps=4, save_every=2, batch_size=16, lr=2e-3)
     cfg.distill.lr_schedule, cfg.distill.warmup_steps = "constant", 1
     run_distill(cfg)
-    two, four = _meta(out / "checkpoints/checkpoint-2"), _meta(out / "checkpoints/checkpoint-4")
+    two, four = (
+        checkpoint_meta(out / "checkpoints/checkpoint-2"),
+        checkpoint_meta(out / "checkpoints/checkpoint-4"),
+    )
     assert two["lr"] == four["lr"] == 2e-3
     per_step = sum(map(len, load_train_dataset(out)["completion_ids"]))  # batch = whole set
     assert (two["tokens_seen"], four["tokens_seen"]) == (2 * per_step, 4 * per_step)

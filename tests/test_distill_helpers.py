@@ -8,6 +8,7 @@ target's top-k log-probs aligned with the completion tokens).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -77,6 +78,20 @@ def make_cfg(out: Path, target_dir: Path, **distill):
         "tracking": {"wandb": {"mode": "disabled"}},
     }
     return config_from_dict(raw)
+
+
+def run_dir_with_data(tmp_path: Path, data_dir: Path) -> Path:
+    """A fresh run dir whose data/ is the shared dataset (linked) and its meta.json."""
+    out = tmp_path / "run"
+    (out / "data").mkdir(parents=True)
+    os.symlink(data_dir / "dataset", out / "data" / "dataset")
+    (out / "data" / "meta.json").write_text((data_dir / "meta.json").read_text())
+    return out
+
+
+def checkpoint_meta(path: Path) -> dict:
+    """A checkpoint's draftsmith_checkpoint.json."""
+    return json.loads((path / "draftsmith_checkpoint.json").read_text())
 
 
 def build_tiny_target(dest: Path, seed: int = 0) -> Path:

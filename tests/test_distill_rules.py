@@ -72,7 +72,7 @@ def _setup(
     cfg.draft.init = init
     if init == "pretrained":
         cfg.draft.model = str(dirs["draft"])
-    return train_mod.setup(cfg, out / "checkpoints", loss, resume)
+    return train_mod.setup(cfg, out / "checkpoints", loss, resume, train_mod.IndependentTraining())
 
 
 @pytest.mark.parametrize(

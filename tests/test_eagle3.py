@@ -93,7 +93,7 @@ def test_build_draft_vocab_rejects_bad_sizes():
     with pytest.raises(ConfigError) as e:
         build_draft_vocab(torch.ones(8), 9, 8)
     assert str(e.value) == (
-        "draft.draft_vocab_size: 9 must be between 1 and the target's vocabulary size 8"
+        "draft.eagle3.draft_vocab_size: 9 must be between 1 and the target's vocabulary size 8"
     )
     with pytest.raises(DraftsmithError) as e:
         build_draft_vocab(torch.ones(7), 4, 8)
@@ -150,7 +150,7 @@ def test_aux_layer_ids_and_supported_targets():
     with pytest.raises(ConfigError) as e:
         default_aux_layer_ids(4)
     assert str(e.value) == (
-        "draft.aux_layer_ids: the default [2, 2, 1] does not fit a target with 4 layers "
+        "draft.eagle3.aux_layer_ids: the default [2, 2, 1] does not fit a target with 4 layers "
         "(it needs at least 7); set 3 distinct ids in [0, 3]"
     )
     with pytest.raises(ConfigError) as e:
@@ -342,10 +342,11 @@ def test_export_writes_the_speculators_layout_and_loads_back(tmp_path, target, v
 
 def test_export_refuses_an_existing_dir(tmp_path, target, vocab):
     (tmp_path / "exp").mkdir()
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(DraftsmithError) as e:  # exit 1, as the export stage's own check
         save_eagle3(make_head(target, vocab), tmp_path / "exp", target.config, "t", k=2)
+    assert type(e.value) is DraftsmithError
     assert str(e.value) == (
-        f"export.output_dir: {tmp_path / 'exp'} exists; set export.overwrite=true to replace it"
+        f"{tmp_path / 'exp'}: export dir exists; set export.overwrite=true to replace it"
     )
     assert list((tmp_path / "exp").iterdir()) == []
 

@@ -168,7 +168,8 @@ def test_evaluate_ranks_checkpoints_and_writes_reports(run_dir, capsys):
     assert board["recommended_k"] == rec["k"] == modelled["k"]
     assert rec["by"] == "modelled_speedup_verify"
     csv = (run_dir / "eval" / "leaderboard.csv").read_text().splitlines()
-    assert csv[0].startswith("checkpoint,step,acceptance_rate") and len(csv) == 1 + 5
+    assert csv[0].startswith("checkpoint,kind,step,acceptance_rate") and len(csv) == 1 + 5
+    assert all(line.split(",")[1] == "independent" for line in csv[1:])
     for name in ("acceptance_vs_step.png", "per_position_best.png", "k_sweep.png"):
         assert (run_dir / "eval" / name).stat().st_size > 1000
     printed = capsys.readouterr().out

@@ -113,6 +113,12 @@ def test_engine_asks_vllm_for_the_draft_at_the_targets_tensor_parallel_size():
     assert seen["tensor_parallel_size"] == 4 and seen["model"] == "org/target"
     assert seen["revision"] == "v2" and seen["trust_remote_code"] is True
     assert seen["disable_log_stats"] is False and "max_model_len" not in seen
+    vb._make_llm(fake, cfg, "org/target", "/drafts/e", 2, "eagle3")
+    assert seen["speculative_config"] == {
+        "method": "eagle3",
+        "model": "/drafts/e",
+        "num_speculative_tokens": 2,
+    }
 
 
 @pytest.mark.gpu

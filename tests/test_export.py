@@ -8,7 +8,9 @@ import pytest
 
 from draftsmith.config import load_config
 from draftsmith.distill.checkpoint import training_settings
-from draftsmith.export import _training, assistant_generation_config
+from draftsmith.distill.train import IndependentTraining
+from draftsmith.export import _training
+from draftsmith.hf_export import assistant_generation_config
 
 
 @pytest.fixture
@@ -19,7 +21,10 @@ def cfg():
 def _record(loss: str) -> dict:
     """A checkpoint's record (draftsmith_checkpoint.json) as distill writes it."""
     cfg = load_config("configs/smollm2-135m.yaml", ["distill.max_steps=180"])
-    return {"init": "from_target layers [0, 1]", "settings": training_settings(cfg, loss)}
+    return {
+        "init": "from_target layers [0, 1]",
+        "settings": training_settings(cfg, loss, IndependentTraining()),
+    }
 
 
 @pytest.mark.parametrize(

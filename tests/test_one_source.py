@@ -52,17 +52,19 @@ def test_sweep_entries_table_and_csv_share_the_metric_keys():
         "extra": 9,
     }
     assert sweep_entry(row) == {"k": 3, **{key: row[key] for key in METRIC_KEYS}}
-    # the table adds who measured the row, over how many prompts, and the speedup's spread
+    # the table adds the draft's kind, who measured the row, over how many prompts, and the
+    # speedup's spread
     table_keys = tuple(key for key, _, _ in TABLE_COLUMNS)
     assert tuple(k for k in table_keys if k in METRIC_KEYS) == METRIC_KEYS
     assert set(table_keys) - set(METRIC_KEYS) == {
         "checkpoint",
+        "kind",
         "step",
         "measured_by",
         "num_prompts",
         "speedup_iqr",
     }
-    assert CSV_FIELDS[: 2 + len(METRIC_KEYS)] == ("checkpoint", "step", *METRIC_KEYS)
+    assert CSV_FIELDS[: 3 + len(METRIC_KEYS)] == ("checkpoint", "kind", "step", *METRIC_KEYS)
     board = {"rows": [row], "best": "c", "select_metric": "alpha", "recommended_k": 3}
     header = format_table(board).splitlines()[0].split()
     assert header == [title for _, title, _ in TABLE_COLUMNS]

@@ -20,7 +20,7 @@ from draftsmith.evaluate.engine import (
     sampling_probs,
 )
 from draftsmith.evaluate.metrics import greedy_rounds
-from draftsmith.export import fixed_k_assistant
+from draftsmith.hf_export import fixed_k_assistant
 from draftsmith.models import tiny_llama_config
 
 # float64 removes kernel noise (a (k+1)-token forward vs 1-token forwards can flip a near-tied
@@ -28,8 +28,8 @@ from draftsmith.models import tiny_llama_config
 DTYPE = torch.float64
 
 
-def tiny_pair(seed: int, vocab: int = 32, noise: float = 0.1, layers: int = 2):
-    """A random target and a draft = the target with weight noise (noise 0: a perfect draft)."""
+def tiny_target(seed: int, vocab: int = 32, layers: int = 3):
+    """A random float64 Llama of `layers` layers (untied head), seeded."""
     torch.manual_seed(seed)
     cfg = tiny_llama_config(
         vocab,
@@ -40,7 +40,12 @@ def tiny_pair(seed: int, vocab: int = 32, noise: float = 0.1, layers: int = 2):
         num_key_value_heads=2,
         tie_word_embeddings=False,
     )
-    target = LlamaForCausalLM(cfg).to(DTYPE).eval()
+    return LlamaForCausalLM(cfg).to(DTYPE).eval()
+
+
+def tiny_pair(seed: int, vocab: int = 32, noise: float = 0.1, layers: int = 2):
+    """A random target and a draft = the target with weight noise (noise 0: a perfect draft)."""
+    target = tiny_target(seed, vocab, layers)
     draft = copy.deepcopy(target)
     with torch.no_grad():
         for p in draft.parameters():
@@ -129,6 +134,16 @@ def _no_residual(p, q, drafted, generator):
     return n, int(torch.multinomial(p[n], 1, generator=generator))
 
 
+def joint_pvalue(decoder, prompt: list[int], expected: dict, n: int = 1000) -> float:
+    """Chi-square p-value of the first two new tokens of n seeded decodes against the exact
+    joint law `expected` (seeds 0..n-1: deterministic, not flaky)."""
+    counts: dict = {}
+    for seed in range(n):
+        toks = tuple(decoder.generate(prompt, 3, seed=seed).tokens[:2])
+        counts[toks] = counts.get(toks, 0) + 1
+    return _chi_square_p(counts, expected, n)
+
+
 def _chi_square_p(counts: dict, expected_probs: dict, n: int) -> float:
     """Pearson chi-square goodness of fit; cells expected < 5 are pooled into one.
 
@@ -185,6 +200,13 @@ def _exact_joint(target, prompt, sampling):
     return {(a, b): float(p1[a] * p2[a, b]) for a, b in itertools.product(range(vocab), repeat=2)}
 
 
+# (sampling, whether the wrong samplers are run too): plain and filtered sampling
+JOINT_LAW_CASES = [
+    (SamplingConfig(temperature=1.0), True),
+    (SamplingConfig(temperature=0.8, top_k=5, top_p=0.9), False),
+]
+
+
 def _peaky_pair():
     """vocab 8: a target and an independent draft, heads scaled so p and q differ clearly."""
     target, _ = tiny_pair(3, vocab=8, noise=0.0, layers=1)
@@ -195,13 +217,7 @@ def _peaky_pair():
     return target, draft
 
 
-@pytest.mark.parametrize(
-    "sampling,check_wrong",
-    [
-        (SamplingConfig(temperature=1.0), True),
-        (SamplingConfig(temperature=0.8, top_k=5, top_p=0.9), False),
-    ],
-)
+@pytest.mark.parametrize("sampling,check_wrong", JOINT_LAW_CASES)
 def test_speculative_sampling_matches_target_joint_distribution(sampling, check_wrong):
     """End to end on vocab 8: the joint law of the first 2 new tokens equals the target's.
 
@@ -212,15 +228,11 @@ def test_speculative_sampling_matches_target_joint_distribution(sampling, check_
     Fixed seeds: the outcome is deterministic, not flaky.
     """
     target, draft = _peaky_pair()
-    prompt, n = [1, 5, 3], 1000
+    prompt = [1, 5, 3]
     expected = _exact_joint(target, prompt, sampling)
 
     def pvalue(decoder):
-        counts: dict = {}
-        for seed in range(n):
-            toks = tuple(decoder.generate(prompt, 3, seed=seed).tokens[:2])
-            counts[toks] = counts.get(toks, 0) + 1
-        return _chi_square_p(counts, expected, n)
+        return joint_pvalue(decoder, prompt, expected)
 
     assert pvalue(SpeculativeDecoder(target, draft, k=2, sampling=sampling)) > ALPHA
     if not check_wrong:

@@ -79,10 +79,15 @@ def test_replay_mismatches_tell_near_ties_from_bugs():
     assert replay_mismatches(engine, replayed, base, near_tie=0.6) == ([], ["bug", "tie"])
 
 
-def test_a_draft_kind_without_a_replay_is_one_clear_error():
-    from draftsmith.errors import DraftsmithError
-    from draftsmith.evaluate.teacher_forced import INDEPENDENT, kind_replay
+def test_each_kind_brings_its_replay_through_the_registry():
+    from draftsmith.errors import ConfigError
+    from draftsmith.evaluate.eagle3_proposer import EAGLE3_REPLAY
+    from draftsmith.evaluate.teacher_forced import INDEPENDENT
+    from draftsmith.kinds import get_kind, kind_of
 
-    assert kind_replay(None) is kind_replay("independent") is INDEPENDENT
-    with pytest.raises(DraftsmithError, match="^evaluate: draft kind 'medusa' has no teacher"):
-        kind_replay("medusa")
+    assert kind_of({"kind": None}).replay() is get_kind("independent").replay() is INDEPENDENT
+    assert get_kind("eagle3").replay() is EAGLE3_REPLAY
+    # one pass serves every k for an independent draft; a head's later drafts read its own states
+    assert (INDEPENDENT.per_k, EAGLE3_REPLAY.per_k) == (False, True)
+    with pytest.raises(ConfigError, match="^draft.kind: unknown kind 'medusa'"):
+        kind_of({"kind": "medusa"})

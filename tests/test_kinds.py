@@ -1,0 +1,199 @@
+"""The kinds registry and the draft.kind / draft.eagle3 config: one line per mistake."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftsmith.config import config_from_dict
+from draftsmith.errors import ConfigError
+from draftsmith.kinds import KINDS, check_target, get_kind
+from draftsmith.models import tiny_llama_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cfg_with(**draft):
+    return config_from_dict({"draft": draft})
+
+
+def test_kind_is_one_name_or_a_list_in_the_order_given():
+    assert cfg_with().draft.kinds == ["independent"]
+    assert cfg_with(kind="eagle3").draft.kinds == ["eagle3"]
+    assert cfg_with(kind=["eagle3", "independent"]).draft.kinds == ["eagle3", "independent"]
+    with pytest.raises(ConfigError) as e:
+        cfg_with(kind=["eagle3", "eagle3"])
+    assert str(e.value) == "draft.kind: ['eagle3', 'eagle3'] names a kind twice"
+    with pytest.raises(ConfigError) as e:
+        cfg_with(kind=[])
+    assert str(e.value) == "draft.kind: name at least one kind (independent, eagle3)"
+    with pytest.raises(ConfigError, match="^draft.kind: expected one of 'independent', 'eagle3'"):
+        cfg_with(kind="medusa")
+
+
+@pytest.mark.parametrize(
+    "raw,message",
+    [
+        (
+            {"draft": {"kind": "eagle3", "eagle3": {"aux_layer_ids": [1, 1, 2]}}},
+            "draft.eagle3.aux_layer_ids: [1, 1, 2] must be 3 distinct layer ids >= 0 (or null)",
+        ),
+        (
+            {"draft": {"kind": "eagle3", "eagle3": {"aux_layer_ids": [0, 2]}}},
+            "draft.eagle3.aux_layer_ids: [0, 2] must be 3 distinct layer ids >= 0 (or null)",
+        ),
+        (
+            {"draft": {"kind": "eagle3", "eagle3": {"draft_vocab_size": 0}}},
+            "draft.eagle3.draft_vocab_size: must be >= 1, got 0",
+        ),
+        (
+            {"draft": {"kind": "eagle3", "eagle3": {"ttt_steps": 0}}},
+            "draft.eagle3.ttt_steps: must be >= 1, got 0",
+        ),
+        (
+            {"draft": {"kind": "eagle3"}, "distill": {"on_policy_fraction": 0.5}},
+            "distill.on_policy_fraction: the eagle3 kind trains on the target's own text (its "
+            "training-time test drafts from its own states); set it to 0 or drop eagle3 from "
+            "draft.kind",
+        ),
+        (
+            {"draft": {"eagle3": {"ttt_step": 2}}},
+            "draft.eagle3.ttt_step: unknown key (did you mean draft.eagle3.ttt_steps?)",
+        ),
+    ],
+)
+def test_eagle3_config_mistakes_are_one_line(raw, message):
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(raw)
+    assert str(e.value) == message
+
+
+def test_an_independent_run_ignores_the_eagle3_section():
+    cfg = config_from_dict({"draft": {"eagle3": {"aux_layer_ids": [1, 1, 2]}}})
+    assert cfg.draft.kinds == ["independent"]  # nothing to build from it
+
+
+def _target_config(layers=8, model_type="llama", vocab=300):
+    if model_type == "llama":
+        return tiny_llama_config(vocab, num_hidden_layers=layers)
+    from transformers import GPT2Config
+
+    return GPT2Config(vocab_size=vocab, n_layer=layers)
+
+
+@pytest.mark.parametrize(
+    "eagle3,target,message",
+    [
+        (
+            {"aux_layer_ids": [1, 4, 8]},
+            {},
+            "draft.eagle3.aux_layer_ids: [1, 4, 8] must be 3 distinct layer ids in [0, 7] "
+            "(the target has 8 layers)",
+        ),
+        (
+            {},
+            {"layers": 4},
+            "draft.eagle3.aux_layer_ids: the default [2, 2, 1] does not fit a target with 4 "
+            "layers (it needs at least 7); set 3 distinct ids in [0, 3]",
+        ),
+        (
+            {"draft_vocab_size": 260},
+            {},
+            "draft.eagle3.draft_vocab_size: 260 is more than the target's 259 token ids; set at "
+            "most 259",
+        ),
+        (
+            {},
+            {"model_type": "gpt2"},
+            "draft.kind: eagle3 needs a Llama-family target (llama, mistral, qwen2, qwen3); "
+            "this target is 'gpt2'",
+        ),
+    ],
+)
+def test_target_checks_name_the_key(eagle3, target, message):
+    cfg = config_from_dict({"draft": {"kind": ["independent", "eagle3"], "eagle3": eagle3}})
+    with pytest.raises(ConfigError) as e:
+        check_target(cfg, _target_config(**target), num_ids=259)
+    assert str(e.value) == message
+    ok = config_from_dict({"draft": {"kind": "eagle3", "eagle3": {"draft_vocab_size": 259}}})
+    check_target(ok, _target_config(), num_ids=259)  # the default ids (2, 4, 5) fit 8 layers
+
+
+def test_run_refuses_a_bad_eagle3_target_before_generating(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "draftsmith.cli", "run", "configs/tiny.yaml"]
+        + [f"run.output_dir={out}", "draft.kind=eagle3", "draft.eagle3.aux_layer_ids=null"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            "draft.eagle3.aux_layer_ids: the default [2, 2, 1] does not fit a target with 4 layers "
+            "(it needs at least 7); set 3 distinct ids in [0, 3]"
+        )
+    )
+    assert not (out / "data").exists()  # failed before generate wrote anything
+
+
+def test_registry_dirs_and_names(tmp_path):
+    assert set(KINDS) == {"independent", "eagle3"}
+    ind, e3 = get_kind("independent"), get_kind("eagle3")
+    assert ind.checkpoints_dir(tmp_path) == tmp_path / "checkpoints"
+    assert ind.ce_dir(tmp_path) == tmp_path / "ablations" / "ce"
+    assert e3.checkpoints_dir(tmp_path) == tmp_path / "eagle3" / "checkpoints"
+    assert e3.ce_dir(tmp_path) == tmp_path / "eagle3" / "ablations" / "ce"
+    assert (ind.draft_name("checkpoint-6"), e3.draft_name("checkpoint-6")) == (
+        "checkpoint-6",
+        "eagle3-checkpoint-6",
+    )
+
+
+def test_list_drafts_carries_each_kind(tmp_path):
+    from draftsmith.evaluate.prompts import list_drafts
+
+    for sub in (
+        "checkpoints/checkpoint-0",
+        "checkpoints/checkpoint-4",
+        "ablations/ce/checkpoint-4",
+    ):
+        (tmp_path / sub).mkdir(parents=True)
+        (tmp_path / "eagle3" / sub).mkdir(parents=True)
+    drafts = list_drafts(tmp_path, [], ce_baseline=True, kinds=["independent", "eagle3"])
+    got = [(d["name"], d["kind"], d["role"], d["trained_steps"]) for d in drafts]
+    assert got == [
+        ("checkpoint-0", "independent", "init", 0),
+        ("checkpoint-4", "independent", "distilled", 4),
+        ("ce-checkpoint-4", "independent", "ce_twin", 4),
+        ("eagle3-checkpoint-0", "eagle3", "init", 0),
+        ("eagle3-checkpoint-4", "eagle3", "distilled", 4),
+        ("eagle3-ce-checkpoint-4", "eagle3", "ce_twin", 4),
+    ]
+    assert drafts[4]["ref"] == str(tmp_path / "eagle3" / "checkpoints" / "checkpoint-4")
+
+
+def test_comparisons_pair_drafts_within_their_kind():
+    from draftsmith.evaluate.stage import compare_drafts
+
+    def res(acc):
+        return [{"accepted": a, "proposed": 4} for a in acc]
+
+    drafts = [
+        {"name": "checkpoint-0", "role": "init", "kind": "independent"},
+        {"name": "checkpoint-4", "role": "distilled", "kind": "independent"},
+        {"name": "eagle3-checkpoint-0", "role": "init", "kind": "eagle3"},
+        {"name": "eagle3-checkpoint-4", "role": "distilled", "kind": "eagle3"},
+    ]
+    per_prompt = {d["name"]: res([1, 2, 3]) for d in drafts}
+    pairs = [(c["draft"], c["against"]) for c in compare_drafts(drafts, per_prompt, 0)]
+    assert pairs == [
+        ("checkpoint-4", "checkpoint-0"),
+        ("eagle3-checkpoint-4", "eagle3-checkpoint-0"),
+    ]

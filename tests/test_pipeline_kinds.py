@@ -1,0 +1,169 @@
+"""`draftsmith run configs/tiny.yaml draft.kind=[independent,eagle3]`: both kinds trained,
+ranked on one leaderboard, the best exported; then the eagle3 row exported and served."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_pipeline import draftsmith
+
+from draftsmith.config import load_config
+
+KINDS = "draft.kind=[independent,eagle3]"
+
+
+@pytest.fixture(scope="module")
+def both_run(tmp_path_factory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("kinds") / "run"
+    proc = draftsmith("run", "configs/tiny.yaml", f"run.output_dir={out}", KINDS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc.stdout
+
+
+def test_both_kinds_trained_and_ranked_on_one_leaderboard(both_run):
+    out, stdout = both_run
+    cfg = load_config(out / "config.yaml")
+    assert cfg.draft.kinds == ["independent", "eagle3"]
+    steps = [0, 3, 6]  # configs/tiny.yaml: save_every 3, max_steps 6
+    for sub in ("checkpoints", "eagle3/checkpoints"):
+        found = sorted(int(p.name.split("-")[1]) for p in (out / sub).glob("checkpoint-*"))
+        assert found == steps
+    board = json.loads((out / "eval" / "leaderboard.json").read_text())
+    kinds = {r["checkpoint"]: r["kind"] for r in board["rows"]}
+    assert kinds == {
+        **{f"checkpoint-{s}": "independent" for s in steps},
+        **{f"eagle3-checkpoint-{s}": "eagle3" for s in steps},
+    }
+    ranked = {r["checkpoint"] for r in board["rows"] if r["measured_by"] == "teacher_forced"}
+    assert ranked == set(kinds)  # every checkpoint of both kinds ranked by its own replay
+    engine = [r for r in board["rows"] if r["measured_by"] == "engine"]
+    # the engine decodes each kind's best and the drafts of its comparison (last vs init)
+    assert {r["checkpoint"] for r in engine} >= {
+        "checkpoint-6",
+        "checkpoint-0",
+        "eagle3-checkpoint-6",
+        "eagle3-checkpoint-0",
+    }
+    for row in engine:
+        assert row["lossless_match_rate"] == 1.0  # greedy equality with the target's output
+        assert row["replay_match_rate"] == 1.0  # counts equal the kind's teacher-forced replay
+        assert row["draft_cost_ratio"] is not None and row["speedup"] is not None
+    for row in board["rows"]:
+        cats = row["per_category"].values()
+        assert sum(c["num_prompts"] for c in cats) == row["num_prompts"] > 0
+    with open(out / "eval" / "leaderboard.csv") as f:
+        csv_kinds = {r["checkpoint"]: r["kind"] for r in csv.DictReader(f)}
+    assert csv_kinds == kinds
+    table = stdout[stdout.index("checkpoint  ") :].splitlines()  # the printed leaderboard
+    assert table[0].split()[:3] == ["checkpoint", "kind", "step"]
+    body = table[2 : 2 + len(board["rows"])]  # one line per row
+    printed = {cells[0].lstrip("*"): cells[1] for cells in map(str.split, body)}
+    assert printed == kinds
+    # each kind's last checkpoint against its own init
+    pairs = {(c["draft"], c["against"]) for c in board["comparisons"]}
+    assert pairs == {
+        ("checkpoint-6", "checkpoint-0"),
+        ("eagle3-checkpoint-6", "eagle3-checkpoint-0"),
+    }
+    # the export holds the best row, whichever kind it is
+    row = json.loads((out / "export" / "leaderboard_row.json").read_text())
+    assert row["checkpoint"] == board["best"]
+    method = {"independent": "draft_model", "eagle3": "eagle3"}[row["kind"]]
+    spec = json.loads((out / "export" / "speculative_config.json").read_text())
+    assert spec["method"] == method
+
+
+def test_eagle3_engine_counts_equal_the_teacher_forced_replay(both_run):
+    """Every eagle3 row's per-prompt counts from real decoding equal kinds'
+    teacher-forced replay (one target forward + the head's steps) on the target's output."""
+    from draftsmith.evaluate.prompts import list_drafts, load_prompts
+    from draftsmith.evaluate.stage import _Models
+    from draftsmith.kinds import teacher_forced_results
+    from draftsmith.vocab import token_id_count
+
+    out, _ = both_run
+    cfg = load_config(out / "config.yaml")
+    k, budget = cfg.evaluate.num_speculative_tokens, cfg.evaluate.max_new_tokens
+    results = out / "eval" / "results"
+    (base_file,) = results.glob("target-only-heldout-*.json")
+    base = {r["id"]: r for r in json.loads(base_file.read_text())["results"]}
+    prompts = {p["id"]: p for p in load_prompts(out)}
+    models = _Models(cfg)
+    num_ids = token_id_count(models.tokenizer())
+    drafts = [d for d in list_drafts(out, [], kinds=cfg.draft.kinds) if d["kind"] == "eagle3"]
+    fields = ("tokens", "proposed", "accepted", "accepted_at", "reached_at", "target_forwards")
+    decoded = 0
+    for d in drafts:
+        path = results / f"{d['name']}-heldout-k{k}-t0.json"
+        if not path.is_file():  # the engine decodes only the best and the compared drafts
+            continue
+        spec = json.loads(path.read_text())["results"]
+        refs = [{**prompts[r["id"]], "tokens": base[r["id"]]["tokens"]} for r in spec]
+        fast = teacher_forced_results(d, models, refs, k, budget, num_ids)
+        for e, f in zip(spec, fast, strict=True):
+            assert {c: f[c] for c in fields} == {c: e[c] for c in fields}, (d["name"], e["id"])
+        decoded += 1
+    assert decoded == 3  # eagle3-checkpoint-0 (init), -6 (last) and the best of the kind
+
+
+def test_the_eagle3_row_exports_validated_and_decodes_losslessly(both_run, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from draftsmith.eagle3_export import load_eagle3, validate_eagle3_export
+    from draftsmith.evaluate.eagle3_proposer import Eagle3Proposer
+    from draftsmith.evaluate.engine import SpeculativeDecoder
+    from draftsmith.models import resolve_model
+
+    out, _ = both_run
+    dest = tmp_path / "eagle3-export"
+    proc = draftsmith(
+        "export",
+        str(out / "config.yaml"),
+        f"export.output_dir={dest}",
+        "export.checkpoint=eagle3-checkpoint-6",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    validate_eagle3_export(dest)
+    board = json.loads((out / "eval" / "leaderboard.json").read_text())
+    k = board["recommended_k"]
+    assert json.loads((dest / "speculative_config.json").read_text()) == {
+        "method": "eagle3",
+        "model": str(dest.resolve()),
+        "num_speculative_tokens": k,
+    }
+    config = json.loads((dest / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert config["draft_vocab_size"] == 128
+    card = (dest / "README.md").read_text()
+    assert "- kind: eagle3" in card
+    assert "hidden states of layers [1, 2, 3], draft vocabulary of 128 tokens" in card
+    assert "training-time test 3 steps" in card and '"method": "eagle3"' in card
+    # the exported weights are the checkpoint's, plus the target's embeddings
+    from safetensors.torch import load_file
+
+    got = load_file(dest / "model.safetensors")
+    ckpt = load_file(out / "eagle3" / "checkpoints" / "checkpoint-6" / "model.safetensors")
+    assert all(torch.equal(got[name], w) for name, w in ckpt.items())
+    target = AutoModelForCausalLM.from_pretrained(resolve_model("tiny-random-llama")).eval()
+    assert torch.equal(got["embed_tokens.weight"], target.get_input_embeddings().weight)
+    head = load_eagle3(dest, target)
+    prompt = [1, 72, 101, 108, 108, 111]
+    ref = SpeculativeDecoder(target).generate(prompt, 20).tokens
+    assert SpeculativeDecoder(target, Eagle3Proposer(head), k=k).generate(prompt, 20).tokens == ref
+    # an existing export dir: the export stage's own error and exit code
+    again = draftsmith(
+        "export",
+        str(out / "config.yaml"),
+        f"export.output_dir={dest}",
+        "export.checkpoint=eagle3-checkpoint-6",
+    )
+    assert again.returncode == 1
+    assert (
+        again.stderr.strip()
+        .splitlines()[-1]
+        .endswith(f"{dest}: export dir exists; set export.overwrite=true to replace it")
+    )
