@@ -139,6 +139,11 @@ def choose_row(board: dict, checkpoint: str | None) -> dict:
     """The row named by export.checkpoint, else the leaderboard's best (draft_rows' first)."""
     wanted = checkpoint or board["best"]
     rows = draft_rows(board, wanted)
+    if rows and rows[0].get("role") == "sanity":
+        raise DraftsmithError(
+            f"export.checkpoint: {wanted!r} is the target drafting for itself (a sanity "
+            "check), not a draft to serve"
+        )
     if rows:
         return rows[0]
     names = ", ".join(dict.fromkeys(r["checkpoint"] for r in board["rows"]))

@@ -70,11 +70,16 @@ def select_prompts(prompts: list[dict], limit: int | None) -> list[dict]:
     return sorted(picked, key=lambda p: order[id(p)])
 
 
+SELF_DRAFT = "target"  # evaluate.baselines: [target]: the target drafting for itself
+SELF_DRAFT_NAME = "target-as-draft"
+
+
 def list_drafts(
     output_dir: Path,
     baselines: list[str],
     ce_baseline: bool = False,
     kinds: list[str] | tuple[str, ...] = ("independent",),
+    target: str | None = None,
 ) -> list[dict]:
     """Each kind's checkpoint-<step> (by step) and its CE twin's last checkpoint, then
     evaluate.baselines.
@@ -84,7 +89,8 @@ def list_drafts(
     is `eagle3-checkpoint-<step>`). `role` says what a draft is, for reports: "init"
     (checkpoint-0), "distilled" (the configured loss), "ce_twin" (distill.ce_baseline) or
     "baseline" (evaluate.baselines); `trained_steps` how far this run trained it (None for
-    a baseline).
+    a baseline). The baseline `target` is the target (`target`: its model ref) drafting
+    for itself, role "sanity": it must accept every token, and it never ranks or exports.
     """
     drafts, dirs = [], []
     for kind in map(get_kind, kinds):
@@ -118,15 +124,17 @@ def list_drafts(
                     }
                 )
     for i, ref in enumerate(baselines):
+        sanity = ref == SELF_DRAFT and target is not None
+        ref = target if sanity else ref
         path = Path(ref).expanduser()
-        name = path.name if path.exists() else ref
+        name = SELF_DRAFT_NAME if sanity else path.name if path.exists() else ref
         key = f"evaluate.baselines[{i}]"
         drafts.append(
             {
                 "name": name,
                 "ref": ref,
                 "step": None,
-                "role": "baseline",
+                "role": "sanity" if sanity else "baseline",
                 "trained_steps": None,
                 "key": key,
                 "kind": "independent",

@@ -45,6 +45,18 @@ def check_lossless(name: str, spec: list[dict], base: list[dict], on_mismatch: s
     return rate
 
 
+def rankable(rows: list[dict]) -> list[dict]:
+    """Rows that may rank and be exported: all but the target drafting for itself (a sanity
+    check, evaluate.baselines: [target], which would always win)."""
+    out = [r for r in rows if r.get("role") != "sanity"]
+    if rows and not out:
+        raise DraftsmithError(
+            "evaluate.baselines: only the target drafting for itself is there to evaluate; "
+            "run `draftsmith distill CONFIG` first or name a draft to compare"
+        )
+    return out
+
+
 def pick_best(rows: list[dict], metric: str) -> dict:
     """The row with the highest `metric` (missing values rank last; ties keep the earlier row)."""
     return max(rows, key=lambda r: -float("inf") if r.get(metric) is None else r[metric])

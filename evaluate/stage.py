@@ -61,6 +61,7 @@ from draftsmith.evaluate.ranking import (
     costed_sweep_entry,
     draft_path,
     pick_best,
+    rankable,
     recommend_k,
 )
 from draftsmith.io import atomic_write_json, clean_stale_temps, kill_hook
@@ -158,7 +159,11 @@ class _Models:
         return self._target
 
     def draft(self, draft: dict):
-        """A draft on the target's device and dtype, once its tokenizer matches the target's."""
+        """A draft on the target's device and dtype, once its tokenizer matches the target's.
+        The target drafting for itself is a second copy loaded as the target is (revision,
+        dtype), so the check exercises what the target run uses."""
+        if draft.get("role") == "sanity":
+            return load_target(self.cfg.target, self.device, self.dtype)
         key, trust = draft.get("key", "checkpoint"), self.cfg.target.trust_remote_code
         tok = load_tokenizer(draft["ref"], trust_remote_code=trust, key=key)
         model = load_model(
@@ -462,12 +467,41 @@ def compare_drafts(drafts: list[dict], per_prompt: dict[str, list[dict]], seed: 
 def engine_drafts(drafts: list[dict], rows: list[dict], metric: str) -> list[dict]:
     """The drafts the engine decodes when greedy: the best of each kind by `metric` (on the
     primary set's rows, aligned with `drafts`) and the drafts of the comparisons."""
-    names = set()
-    for kind in dict.fromkeys(r["kind"] for r in rows):
-        names.add(pick_best([r for r in rows if r["kind"] == kind], metric)["checkpoint"])
+    names = {d["name"] for d in drafts if d.get("role") == "sanity"}
+    ranked = rankable(rows)
+    for kind in dict.fromkeys(r["kind"] for r in ranked):
+        names.add(pick_best([r for r in ranked if r["kind"] == kind], metric)["checkpoint"])
     for last, others in compared(drafts):
         names |= {d["name"] for d in [last, *others]}
     return [d for d in drafts if d["name"] in names]
+
+
+def check_self_draft(rows: list[dict], on_mismatch: str) -> list[dict]:
+    """The target drafting for itself (evaluate.baselines: [target]) must accept every token
+    it is judged on, by replay and by the engine: anything less means the engine, a loader
+    or the config is wrong. Greedy rows only (sampled acceptance is min(1, p/q) of two
+    passes' floats). One line per row; a failure is an error unless on_mismatch is warn."""
+    checked = []
+    for r in rows:
+        if r.get("role") != "sanity" or r["temperature"] != 0:
+            continue
+        ok = r["alpha"] == 1.0
+        checked.append({"eval_set": r["eval_set"], "measured_by": r["measured_by"], "pass": ok})
+        print(
+            f"[evaluate] sanity: the target drafting for itself on {r['eval_set']} "
+            f"({r['measured_by']}): alpha {r['alpha']:.4f}, "
+            f"{r['mean_accepted_length']:.2f} tokens per target forward "
+            f"(k={r['num_speculative_tokens']}): {'pass' if ok else 'FAIL'}"
+        )
+    failed = [c for c in checked if not c["pass"]]
+    if failed and on_mismatch == "error":
+        where = ", ".join(f"{c['eval_set']} ({c['measured_by']})" for c in failed)
+        raise DraftsmithError(
+            f"evaluate.baselines[target]: the target drafting for itself rejected tokens on "
+            f"{where}; its acceptance must be 1: check the target's loading and dtype "
+            "(evaluate.on_mismatch=warn to keep going)"
+        )
+    return checked
 
 
 def _native_board(cfg: Config, sets: dict, primary: str, drafts: list[dict], runner) -> dict:
@@ -507,7 +541,7 @@ def _native_board(cfg: Config, sets: dict, primary: str, drafts: list[dict], run
         if greedy and by_speed
         else [ranking_rows[d["name"], primary] for d in drafts]
     )
-    best = pick_best(pool, ev.select_metric)
+    best = pick_best(rankable(pool), ev.select_metric)
     best_draft = next(d for d in drafts if d["name"] == best["checkpoint"])
     sweep, costs = runner.sweep(best_draft, primary, sets[primary], bases[primary])
     rows = [
@@ -599,7 +633,9 @@ def run_evaluate(cfg: Config) -> None:
     clean_stale_temps(results_dir)
     sets = eval_sets(load_prompts(cfg.output_dir), ev.max_prompts)
     primary = choose_primary(cfg, sets)
-    drafts = list_drafts(cfg.output_dir, ev.baselines, cfg.distill.ce_baseline, cfg.draft.kinds)
+    drafts = list_drafts(
+        cfg.output_dir, ev.baselines, cfg.distill.ce_baseline, cfg.draft.kinds, cfg.target.model
+    )
     check_drafts(cfg, drafts)  # files whole, tokenizers the target's: before any decoding
     record_config(cfg)
     models = _Models(cfg)
@@ -638,3 +674,4 @@ def run_evaluate(cfg: Config) -> None:
         "comparisons": out["comparisons"],
     }
     report.write_reports(cfg, board, eval_dir)
+    check_self_draft(board["rows"], ev.on_mismatch)

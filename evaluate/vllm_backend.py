@@ -28,7 +28,13 @@ import time
 
 from draftsmith.config import Config
 from draftsmith.evaluate import metrics
-from draftsmith.evaluate.ranking import check_lossless, draft_path, pick_best, sweep_entry
+from draftsmith.evaluate.ranking import (
+    check_lossless,
+    draft_path,
+    pick_best,
+    rankable,
+    sweep_entry,
+)
 from draftsmith.kinds import get_kind
 from draftsmith.models import resolve_model
 from draftsmith.vllm_compat import engine_kwargs, import_vllm
@@ -228,7 +234,7 @@ def vllm_rows(cfg: Config, sets: dict[str, list[dict]], drafts: list[dict], prim
     k = ev.num_speculative_tokens
     measured = [measure(d, k, list(sets)) for d in drafts]
     rows = [m[s] for s in sets for m in measured]
-    best = pick_best([m[primary] for m in measured], ev.select_metric)
+    best = pick_best(rankable([m[primary] for m in measured]), ev.select_metric)
     best_draft = next(d for d in drafts if d["name"] == best["checkpoint"])
     sweep = [
         sweep_entry(best if kk == k else measure(best_draft, kk, [primary])[primary])

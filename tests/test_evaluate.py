@@ -548,3 +548,51 @@ def test_turn2_asks_the_followup_after_the_targets_own_cached_answer(run_dir, mo
         text = render(Prompt(convo, r["category"], "test"), tok, True, None)
         assert p["id"] == f"{r['id']}-turn2" and p["prompt_text"] == text
         assert p["prompt_ids"] == tok(text, add_special_tokens=False)["input_ids"]
+
+
+# ----------------------------------------------------------------------------- the target drafting for itself
+
+
+def test_the_target_drafting_for_itself_accepts_everything_and_never_ranks(run_dir, capsys):
+    from draftsmith.export import choose_row
+
+    shutil.rmtree(run_dir / "checkpoints" / "checkpoint-8")  # the perfect draft: no rival
+    run_evaluate(_cfg(run_dir, baselines=["target"]))
+    board = _board(run_dir)
+    for by in ("teacher_forced", "engine"):  # replayed and really decoded
+        row = _by(board, by)["target-as-draft"]
+        assert row["role"] == "sanity" and row["alpha"] == 1.0
+        assert row["tokens_accepted"] == row["tokens_proposed"] > 0
+    assert board["best"] == "checkpoint-4"  # it would win every ranking
+    out = capsys.readouterr().out
+    assert "sanity: the target drafting for itself on heldout (engine): alpha 1.0000" in out
+    assert out.count("): pass") == 2 and "FAIL" not in out
+    with pytest.raises(DraftsmithError, match="is the target drafting for itself"):
+        choose_row(board, "target-as-draft")
+
+
+def test_a_self_draft_that_rejects_tokens_fails_the_run(run_dir, monkeypatch, capsys):
+    """A loading mistake stood in for: the 'target' the check loads is a 1-layer draft."""
+    from draftsmith.evaluate import stage
+    from draftsmith.models import load_model
+
+    real = stage._Models.draft
+
+    def wrong_weights(self, draft):
+        if draft.get("role") == "sanity":
+            ck0 = str(run_dir / "checkpoints" / "checkpoint-0")
+            return load_model(ck0, device=torch.device("cpu"), dtype=torch.float32)
+        return real(self, draft)
+
+    monkeypatch.setattr(stage._Models, "draft", wrong_weights)
+    with pytest.raises(DraftsmithError, match=r"drafting for itself rejected tokens on heldout"):
+        run_evaluate(_cfg(run_dir, baselines=["target"]))
+    assert "(teacher_forced): alpha" in capsys.readouterr().out
+    assert (run_dir / "eval" / "leaderboard.json").is_file()  # the board is kept to inspect
+    run_evaluate(_cfg(run_dir, baselines=["target"], on_mismatch="warn"))  # warn: goes on
+
+
+def test_only_the_self_draft_is_one_error(tmp_path, run_dir):
+    shutil.rmtree(run_dir / "checkpoints")
+    with pytest.raises(DraftsmithError, match="only the target drafting for itself"):
+        run_evaluate(_cfg(run_dir, baselines=["target"]))

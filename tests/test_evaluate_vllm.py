@@ -143,9 +143,17 @@ def test_vllm_backend_perfect_draft(tmp_path):
         }
     )
     prompts = [{"id": "a", "category": "x", "prompt_ids": [1, 504, 3458, 314]}]
-    rows, best, sweep = vb.vllm_rows(cfg, {"heldout": prompts}, list_drafts(tmp_path, [target]))
+    drafts = list_drafts(tmp_path, [target, "target"], target=target)
+    rows, best, sweep = vb.vllm_rows(cfg, {"heldout": prompts}, drafts)
     assert rows[0]["acceptance_rate"] > 0.9 and sweep[0]["k"] == 2
     assert (rows[0]["eval_set"], rows[0]["measured_by"]) == ("heldout", "engine")
+    # evaluate.baselines: [target] in vLLM: every drafted token accepted, never the best
+    from draftsmith.evaluate.stage import check_self_draft
+
+    assert rows[1]["role"] == "sanity" and best["checkpoint"] != "target-as-draft"
+    assert check_self_draft(rows, "error") == [
+        {"eval_set": "heldout", "measured_by": "engine", "pass": True}
+    ]
 
 
 def test_vllm_rows_cover_every_eval_set_and_sweep_the_primary_one(monkeypatch):
