@@ -215,7 +215,8 @@ def _init(meta: dict | None, row: dict) -> str:
 
 
 def _comparisons(board: dict) -> str:
-    """The run's paired comparisons (distilled vs CE twin / init), or nothing."""
+    """The run's paired comparisons (distilled vs CE twin / init, the best of each kind),
+    or nothing."""
     lines = [
         f"- {'[' + c['eval_set'] + '] ' if c.get('eval_set') else ''}{format_comparison(c)}"
         for c in board.get("comparisons", [])

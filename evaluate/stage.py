@@ -500,6 +500,24 @@ def compare_drafts(drafts: list[dict], per_prompt: dict[str, list[dict]], seed: 
     return out
 
 
+def compare_kinds(rows: list[dict], per_prompt: dict[str, list[dict]], metric: str, seed: int):
+    """With drafts of more than one kind: the best of each kind (by `metric` on these rows)
+    against the best of every other kind, paired by prompt: which kind pays on this set."""
+    ranked = rankable(rows)
+    kinds = list(dict.fromkeys(r["kind"] for r in ranked))
+    best = [pick_best([r for r in ranked if r["kind"] == k], metric) for k in kinds]
+    out = []
+    for i, a in enumerate(best):
+        for b in best[i + 1 :]:
+            diff = metrics.paired_acceptance_diff(
+                per_prompt[a["checkpoint"]], per_prompt[b["checkpoint"]], seed=seed
+            )
+            if diff is not None:
+                row = {"draft": a["checkpoint"], "against": b["checkpoint"], "role": "other_kind"}
+                out.append({**row, **diff})
+    return out
+
+
 def engine_drafts(drafts: list[dict], rows: list[dict], metric: str) -> list[dict]:
     """The drafts the engine decodes when greedy: the best of each kind by `metric` (on the
     primary set's rows, aligned with `drafts`) and the drafts of the comparisons."""
@@ -596,13 +614,16 @@ def _native_board(cfg: Config, sets: dict, primary: str, drafts: list[dict], run
         for r in (ranking_rows[d["name"], s], engine_rows.get((d["name"], s)))
         if r is not None
     ]
-    comparisons = [
-        {**c, "eval_set": s}
-        for s in sets
-        for c in compare_drafts(
-            drafts, {d["name"]: ranked[d["name"], s] for d in drafts}, cfg.run.seed
-        )
-    ]
+    replay_metric = "mean_accepted_length" if by_speed else ev.select_metric  # replay rows
+    comparisons = []
+    for s in sets:
+        per_prompt = {d["name"]: ranked[d["name"], s] for d in drafts}
+        set_rows = [ranking_rows[d["name"], s] for d in drafts]
+        comparisons += [
+            {**c, "eval_set": s}
+            for c in compare_drafts(drafts, per_prompt, cfg.run.seed)
+            + compare_kinds(set_rows, per_prompt, replay_metric, cfg.run.seed)
+        ]
     return {
         "rows": rows,
         "best": best,

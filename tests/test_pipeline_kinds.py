@@ -63,12 +63,24 @@ def test_both_kinds_trained_and_ranked_on_one_leaderboard(both_run):
     body = table[2 : 2 + len(board["rows"])]  # one line per row
     printed = {cells[0].lstrip("*"): cells[1] for cells in map(str.split, body)}
     assert printed == kinds
-    # each kind's last checkpoint against its own init
-    pairs = {(c["draft"], c["against"]) for c in board["comparisons"]}
-    assert pairs == {
+    # each kind's last checkpoint against its own init, and the best of each kind paired
+    within = [c for c in board["comparisons"] if c["role"] != "other_kind"]
+    assert {(c["draft"], c["against"]) for c in within} == {
         ("checkpoint-6", "checkpoint-0"),
         ("eagle3-checkpoint-6", "eagle3-checkpoint-0"),
     }
+    (across,) = [c for c in board["comparisons"] if c["role"] == "other_kind"]
+    tf = {r["checkpoint"]: r for r in board["rows"] if r["measured_by"] == "teacher_forced"}
+    best = {
+        kind: max(
+            (r for r in tf.values() if r["kind"] == kind), key=lambda r: r["acceptance_rate"]
+        )["checkpoint"]
+        for kind in ("independent", "eagle3")
+    }
+    assert {across["draft"], across["against"]} == set(best.values())
+    a, b = tf[across["draft"]], tf[across["against"]]
+    assert across["diff"] == pytest.approx(a["acceptance_rate"] - b["acceptance_rate"])
+    assert f"{across['draft']} vs {across['against']}: acceptance" in stdout
     # the export holds the best row, whichever kind it is
     row = json.loads((out / "export" / "leaderboard_row.json").read_text())
     assert row["checkpoint"] == board["best"]
