@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from test_generate import kill_after_first_shard
 
 from draftsmith.config import load_config
 from draftsmith.data import load_train_dataset
@@ -126,20 +124,7 @@ def test_sigkill_mid_scoring_then_resume_equals_uninterrupted(tmp_path, tiny_mod
         "data.max_eval_prompts=2",
         *extra,
     ]
-    proc = subprocess.Popen(
-        cmd + args,
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    first = killed / "data" / "shards" / "shard-00000"
-    deadline = time.time() + 120
-    while not first.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert first.exists() and not (killed / "data" / "meta.json").exists(), "not killed mid-run"
+    kill_after_first_shard(cmd + args, killed)
     rerun = subprocess.run(cmd + args, cwd=REPO, capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     run_generate(

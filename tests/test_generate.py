@@ -255,6 +255,21 @@ KILL_OVERRIDES = (
 )
 
 
+def kill_after_first_shard(cmd: list[str], out: Path) -> None:
+    """Run a generate command and SIGKILL it (with its children) as soon as its first shard
+    is on disk: a run killed mid-way, with data/meta.json not yet written."""
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    first = out / "data" / "shards" / "shard-00000"
+    deadline = time.time() + 120
+    while not first.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert first.exists() and not (out / "data" / "meta.json").exists(), "not killed mid-run"
+
+
 def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path, tiny_model_dir):
     killed, clean = tmp_path / "killed", tmp_path / "clean"
     cmd = [
@@ -266,16 +281,7 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path, tiny_model_d
         f"run.output_dir={killed}",
         *KILL_OVERRIDES,
     ]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    first = killed / "data" / "shards" / "shard-00000"
-    deadline = time.time() + 120
-    while not first.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert first.exists() and not (killed / "data" / "meta.json").exists(), "not killed mid-run"
+    kill_after_first_shard(cmd, killed)
     done = len(list((killed / "data" / "shards").glob("shard-?????")))
     assert 1 <= done < 4
 
