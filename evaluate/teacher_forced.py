@@ -25,13 +25,17 @@ round by round, at each k.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import metrics, timing
+from draftsmith.io import atomic_write_json
+from draftsmith.models import eos_token_ids, load_target, load_target_tokenizer
 
 
 @torch.inference_mode()
@@ -134,6 +138,22 @@ def greedy_refs(target, eos_ids, prompts: Sequence[dict], max_new_tokens: int) -
     return [
         {**p, "tokens": decoder.generate(p["prompt_ids"], max_new_tokens).tokens} for p in prompts
     ]
+
+
+def cached_greedy_refs(target_cfg, prompts: Sequence[dict], path, max_new_tokens: int):
+    """greedy_refs of the configured target in fp32 on CPU, cached at `path` (the scripts'
+    offline scoring); a cache made for other prompts is an error, not reused."""
+    path = Path(path)
+    if path.is_file():
+        refs = json.loads(path.read_text())
+        if [r["id"] for r in refs] == [p["id"] for p in prompts]:
+            return refs
+        raise DraftsmithError(f"{path}: cached target outputs are for other prompts; delete it")
+    target = load_target(target_cfg, torch.device("cpu"), torch.float32)
+    eos = eos_token_ids(load_target_tokenizer(target_cfg), target.generation_config)
+    refs = greedy_refs(target, eos, prompts, max_new_tokens)
+    atomic_write_json(path, refs)
+    return refs
 
 
 # ----------------------------------------------------------------------------- the engine check

@@ -30,14 +30,11 @@ import torch
 from draftsmith.config import load_config
 from draftsmith.distill import list_checkpoints
 from draftsmith.evaluate import metrics
-from draftsmith.evaluate.teacher_forced import greedy_refs, teacher_forced_results
+from draftsmith.evaluate.teacher_forced import cached_greedy_refs, teacher_forced_results
 from draftsmith.io import atomic_write_json
 from draftsmith.models import (
-    eos_token_ids,
     load_model,
-    load_target,
     load_target_config,
-    load_target_tokenizer,
 )
 
 
@@ -48,19 +45,6 @@ def read_prompts(path: Path, eval_set: str | None) -> list[dict]:
     if not rows:
         raise SystemExit(f"{path}: no prompts (eval set {eval_set!r})")
     return rows
-
-
-def refs_for(cfg, prompts: list[dict], path: Path, max_new: int) -> list[dict]:
-    if path.is_file():
-        refs = json.loads(path.read_text())
-        if [r["id"] for r in refs] == [p["id"] for p in prompts]:
-            return refs
-        raise SystemExit(f"{path}: cached refs are for other prompts; delete it")
-    target = load_target(cfg.target, torch.device("cpu"), torch.float32)
-    eos = eos_token_ids(load_target_tokenizer(cfg.target), target.generation_config)
-    refs = greedy_refs(target, eos, prompts, max_new)
-    atomic_write_json(path, refs)
-    return refs
 
 
 def run_points(
@@ -155,7 +139,7 @@ def main() -> None:
     first = Path(args.runs[0].split(":")[0])
     cfg = load_config(first / "config.yaml")
     prompts = read_prompts(args.prompts, args.eval_set)
-    refs = refs_for(cfg, prompts, args.refs, args.max_new_tokens)
+    refs = cached_greedy_refs(cfg.target, prompts, args.refs, args.max_new_tokens)
     vocab = load_target_config(cfg.target).get_text_config().vocab_size
     known = {
         (p["run"], p["step"], p["train_cpu_s"]): p

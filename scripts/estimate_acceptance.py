@@ -29,14 +29,10 @@ from draftsmith.config import load_config
 from draftsmith.distill import list_checkpoints
 from draftsmith.evaluate import metrics
 from draftsmith.evaluate.prompts import load_prompts, select_prompts
-from draftsmith.evaluate.teacher_forced import greedy_refs, teacher_forced_results
-from draftsmith.io import atomic_write_json
+from draftsmith.evaluate.teacher_forced import cached_greedy_refs, teacher_forced_results
 from draftsmith.models import (
-    eos_token_ids,
     load_model,
-    load_target,
     load_target_config,
-    load_target_tokenizer,
 )
 
 
@@ -45,17 +41,6 @@ def read_prompts(run: Path, cfg, prompts_file: Path | None) -> tuple[list[dict],
         return select_prompts(load_prompts(run), cfg.evaluate.max_prompts), "heldout"
     rows = [json.loads(line) for line in prompts_file.read_text().splitlines() if line.strip()]
     return rows, hashlib.sha256(prompts_file.read_bytes()).hexdigest()[:10]
-
-
-def target_refs(cfg, prompts: list[dict], path: Path, max_new: int) -> list[dict]:
-    """The target's greedy output for each prompt (batch-1 engine decoding), cached at `path`."""
-    if path.is_file():
-        return json.loads(path.read_text())
-    target = load_target(cfg.target, torch.device("cpu"), torch.float32)
-    eos = eos_token_ids(load_target_tokenizer(cfg.target), target.generation_config)
-    refs = greedy_refs(target, eos, prompts, max_new)
-    atomic_write_json(path, refs)
-    return refs
 
 
 def main() -> None:
@@ -70,7 +55,7 @@ def main() -> None:
     cfg = load_config(args.run_dir / "config.yaml")
     prompts, tag = read_prompts(args.run_dir, cfg, args.prompts)
     cache = args.run_dir / "eval" / f"greedy-refs-{tag}-{args.max_new_tokens}.json"
-    refs = target_refs(cfg, prompts, cache, args.max_new_tokens)
+    refs = cached_greedy_refs(cfg.target, prompts, cache, args.max_new_tokens)
     ckpts = args.checkpoints or [
         p
         for d in (args.run_dir / "checkpoints", args.run_dir / "ablations" / "ce")
