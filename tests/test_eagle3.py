@@ -478,7 +478,7 @@ for path in sys.argv[1:]:
     cfg = SpeculatorModelConfig.from_pretrained(path)
     cfg.transformer_layer_config._attn_implementation = "eager"
     model = SpeculatorModel.from_pretrained(path, config=cfg).eval()
-    data = torch.load(path + "/inputs.pt")
+    data = torch.load(path + "/inputs.pt", weights_only=True)
     logits = []
     model.lm_head.register_forward_hook(lambda m, i, o: logits.append(o.detach()))
     T = data["ids"].shape[1]
