@@ -32,6 +32,7 @@ c = mean draft 1-token forward / mean target 1-token forward can be measured.
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -148,7 +149,7 @@ def record_draft_forward(res: DecodeResult, seconds: float, n_tokens: int) -> No
 # ----------------------------------------------------------------------------- proposers
 
 
-class Proposer:
+class Proposer(ABC):
     """One kind of draft as the engine drives it: propose k tokens, learn what was verified.
 
     Per prompt: `prefill` once (after the target's prefill), then each round `propose`,
@@ -162,20 +163,22 @@ class Proposer:
     module: torch.nn.Module  # the draft's weights (timing scope, few-row matmuls)
     aux_layer_ids: Sequence[int] | None = None
 
+    @abstractmethod
     def prefill(self, ctx: DraftContext, prompt: list[int], target_hidden) -> None:
-        raise NotImplementedError
+        """Read the prompt (and its target states, for aux readers) into the draft's cache."""
 
+    @abstractmethod
     def propose(self, seq: list[int], k: int, gen, res: DecodeResult):
         """Up to k draft tokens (k',) and their q (k', V) (None when greedy)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def crop(self, keep: int) -> None:
         """The target's cache now holds `keep` tokens: drop what was not verified."""
-        raise NotImplementedError
 
-    def observe(self, new: list[int], target_hidden) -> None:
+    def observe(self, new: list[int], target_hidden) -> None:  # noqa: B027 (optional hook)
         """The round's emitted tokens and, for aux readers, the verify pass's states of
-        [seq[-1], accepted drafts] (one row per emitted token)."""
+        [seq[-1], accepted drafts] (one row per emitted token). A draft that reads only its
+        own tokens learns them at the next propose: nothing to do here by default."""
 
 
 class IndependentProposer(Proposer):
