@@ -52,17 +52,6 @@ def tiny_config_path() -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_accelerate_state():
-    """accelerate keeps one AcceleratorState per process and refuses a second with another
-    mixed_precision (tests in fp32, runs on auto = bf16 here): each test starts with none,
-    as each real run is its own process."""
-    yield
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-
-
-@pytest.fixture(autouse=True)
 def _quiet_wandb(monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
