@@ -122,7 +122,7 @@ def verify_checkpoint(path: Path) -> None:
 
 # distill keys that do not change the weights: where and how often checkpoints are written,
 # logging, how to resume, and whether a CE twin is trained beside the draft.
-BOOKKEEPING = ("save_every", "keep_last", "log_every", "resume", "ce_baseline")
+BOOKKEEPING = ("save_every", "save_steps", "keep_last", "log_every", "resume", "ce_baseline")
 
 
 def training_settings(cfg: Config, loss_name: str, kind) -> dict:

@@ -539,10 +539,14 @@ def run_loop(tr: Trainer, run) -> None:
         if acc.is_main_process and (tr.step % dcfg.log_every == 0 or tr.step == dcfg.max_steps):
             log_metrics(tr, window, time.perf_counter() - t0, run, bar)
             window, t0 = [], time.perf_counter()
-        if tr.step % dcfg.save_every == 0 or tr.step == dcfg.max_steps:
+        if is_save_step(tr.step, dcfg):
             save(tr)
         kill_hook(f"step:{tr.step}")
     bar.close()
+
+
+def is_save_step(step: int, dcfg) -> bool:
+    return step % dcfg.save_every == 0 or step == dcfg.max_steps or step in dcfg.save_steps
 
 
 def train_draft(

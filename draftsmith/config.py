@@ -243,6 +243,9 @@ class DistillConfig:
     # head keeps the logits of tokens the training data never shows where the target put them.
     freeze_embeddings: bool = False
     save_every: int = field(default=50, metadata=_range(ge=1))
+    # Extra steps to save at besides every save_every, e.g. log-spaced [8, 16, 32, 64] for
+    # a curve of acceptance against teacher tokens (scripts/budget_curve.py --x tokens).
+    save_steps: list[int] = field(default_factory=list)
     keep_last: int | None = field(default=None, metadata=_range(ge=1))
     log_every: int = field(default=10, metadata=_range(ge=1))
     resume: str = "auto"  # auto | never | path to a checkpoint dir
@@ -446,6 +449,12 @@ def _check_cross_fields(cfg: Config) -> None:
             "distill.on_policy_fraction: needs distill.teacher 'online' (the target must score "
             "the draft's own samples)"
         )
+    for i, step in enumerate(cfg.distill.save_steps):
+        if not 1 <= step <= cfg.distill.max_steps:
+            raise ConfigError(
+                f"distill.save_steps[{i}]: must be between 1 and distill.max_steps "
+                f"({cfg.distill.max_steps}), got {step}"
+            )
     for i, k in enumerate(cfg.evaluate.k_sweep):
         if not 1 <= k <= 32:
             raise ConfigError(f"evaluate.k_sweep[{i}]: must be between 1 and 32, got {k}")

@@ -77,6 +77,11 @@ def test_yaml_exponent_without_dot_is_a_float(tmp_path):
         ("distill:\n  beta: 1.0\n", [], "distill.beta: must be < 1"),
         ("{}", ["distill.lr=abc"], "distill.lr: expected a number"),
         ("{}", ["evaluate.k_sweep=[0,4]"], "evaluate.k_sweep[0]: must be between 1 and 32"),
+        (
+            "{}",
+            ["distill.max_steps=10", "distill.save_steps=[4,11]"],
+            "distill.save_steps[1]: must be between 1 and distill.max_steps (10), got 11",
+        ),
         ("{}", ["distill.nope=1"], "distill.nope: unknown key"),
         ("{}", ["distill"], "an override must look like key=value"),
         ("draft:\n  init: pretrained\n", [], "draft.model: required"),

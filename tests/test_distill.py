@@ -109,6 +109,12 @@ def test_freeze_embeddings_trains_the_layers_only(tmp_path, target_dir, data_dir
     assert any(".mlp." in k for k in moved) and any(".self_attn." in k for k in moved)
 
 
+def test_save_steps_add_checkpoints_beside_save_every(tmp_path, target_dir, data_dir):
+    out = run_dir_with_data(tmp_path, data_dir)
+    run_distill(make_cfg(out, target_dir, max_steps=5, save_every=4, save_steps=[1, 2]))
+    assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [0, 1, 2, 4, 5]
+
+
 def test_keep_last_and_resume_never(tmp_path, target_dir, data_dir):
     out = run_dir_with_data(tmp_path, data_dir)
     cfg = make_cfg(out, target_dir, max_steps=4, save_every=1, keep_last=2)
