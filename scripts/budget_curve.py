@@ -29,6 +29,7 @@ import torch
 
 from draftsmith.config import load_config
 from draftsmith.distill import list_checkpoints
+from draftsmith.distill.teacher import is_on_policy_step
 from draftsmith.evaluate import metrics
 from draftsmith.evaluate.teacher_forced import cached_greedy_refs, teacher_forced_results
 from draftsmith.io import atomic_write_json
@@ -47,6 +48,16 @@ def read_prompts(path: Path, eval_set: str | None) -> list[dict]:
     return rows
 
 
+def offline_share(cfg, steps: int) -> float:
+    """The share of the first `steps` steps that trained on stored text: on-policy steps
+    (the draft writes, distill.on_policy_fraction) read none of the data stage's text."""
+    if steps == 0:
+        return 1.0
+    fraction = cfg.distill.on_policy_fraction
+    on = sum(is_on_policy_step(cfg.run.seed, s, fraction) for s in range(steps))
+    return 1.0 - on / steps
+
+
 def run_points(
     run: Path, label: str, refs: list[dict], k: int, max_new: int, vocab: int, known: dict
 ):
@@ -54,8 +65,7 @@ def run_points(
     checkpoint's recorded CPU seconds): a checkpoint trained further is scored again."""
     cfg = load_config(run / "config.yaml")
     meta = json.loads((run / "data" / "meta.json").read_text())
-    on_policy = cfg.distill.on_policy_fraction >= 1.0
-    data_cpu = 0.0 if on_policy else float(meta.get("cpu_time_s", 0.0))
+    data_cpu = float(meta.get("cpu_time_s", 0.0))
     data_tokens = meta["num_completion_tokens"]
     points = []
     for step, path in list_checkpoints(run / "checkpoints"):
@@ -70,7 +80,8 @@ def run_points(
         rows = teacher_forced_results(draft, refs, k, max_new, vocab)
         s = metrics.summarize(rows, rows, k)
         cats = metrics.per_category(rows, rows, [r["category"] for r in rows], k)
-        data_share = min(1.0, seen / data_tokens) if data_tokens else 0.0
+        stored = seen * offline_share(cfg, step)
+        data_share = min(1.0, stored / data_tokens) if data_tokens else 0.0
         points.append(
             {
                 "run": str(run),
