@@ -206,6 +206,27 @@ def test_sigkill_during_save_and_training_resumes_to_same_result(tmp_path, targe
     )
 
 
+def test_sigkill_mid_on_policy_training_resumes_to_same_result(tmp_path, target_dir, data_dir):
+    """The on_policy data kind lives inside distill: the draft's samples of a resumed run are
+    the ones the uninterrupted run drew (seeded by run seed and step), so the weights match."""
+    kw = dict(max_steps=4, save_every=2, on_policy_fraction=1.0)
+    ref_out = run_dir_with_data(tmp_path / "ref", data_dir)
+    ref = _cli(ref_out, make_cfg(ref_out, target_dir, **kw))
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    out = run_dir_with_data(tmp_path / "killed", data_dir)
+    cfg = make_cfg(out, target_dir, **kw)
+    killed = _cli(out, cfg, {"DRAFTSMITH_TEST_KILL": "step:3"})  # after checkpoint-2
+    assert killed.returncode == -9
+    assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [0, 2]
+    resumed = _cli(out, cfg)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming from" in resumed.stdout
+    a = load_file(ref_out / "checkpoints/checkpoint-4/model.safetensors")
+    b = load_file(out / "checkpoints/checkpoint-4/model.safetensors")
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
 def fp32(cfg):
     cfg.distill.mixed_precision, cfg.target.batch_dtype = "no", "float32"
     return cfg
