@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -105,6 +106,32 @@ def run_points(
     return points
 
 
+def log_fit(points: list[dict], span: float = 32.0) -> tuple[float, float] | None:
+    """alpha = a + b * log2(tokens) by least squares over the points within `span` x of the
+    most tokens (the early, warm-up points bend the line); None with under 3 points."""
+    top = max((p["tokens_seen"] for p in points), default=0)
+    pts = [p for p in points if p["tokens_seen"] > 0 and p["tokens_seen"] >= top / span]
+    if len(pts) < 3:
+        return None
+    xs = [math.log2(p["tokens_seen"]) for p in pts]
+    ys = [p["alpha"] for p in pts]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+def report_fits(points: list[dict], goals=(0.5, 0.6)) -> None:
+    """Per label: alpha gained per doubling of teacher tokens, and the tokens at which the
+    fitted line would reach each goal (a floor: such curves bend down, rarely up)."""
+    for label in dict.fromkeys(p["label"] for p in points):
+        fit = log_fit([p for p in points if p["label"] == label])
+        if fit is None or fit[1] <= 0:
+            continue
+        a, b = fit
+        reach = ", ".join(f"alpha {g} at {2 ** ((g - a) / b):.3g} tokens" for g in goals)
+        print(f"{label}: +{b:.3f} alpha per doubling of teacher tokens; the line reaches {reach}")
+
+
 def plot(points: list[dict], x: str, out: Path, title: str) -> None:
     import matplotlib
 
@@ -116,7 +143,13 @@ def plot(points: list[dict], x: str, out: Path, title: str) -> None:
         pts = sorted((p for p in points if p["label"] == label), key=lambda p: p["step"])
         key = "cpu_minutes" if x == "cpu" else "tokens_seen"
         pts = [p for p in pts if x == "cpu" or p["tokens_seen"] > 0]
-        ax.plot([p[key] for p in pts], [p["alpha"] for p in pts], "o-", label=label)
+        line = ax.plot([p[key] for p in pts], [p["alpha"] for p in pts], "o-", label=label)
+        fit = log_fit(pts) if x == "tokens" else None
+        if fit is not None:
+            xs = [p[key] for p in pts if p[key] >= pts[-1][key] / 32]
+            xs = [xs[0], xs[-1]]
+            ys = [fit[0] + fit[1] * math.log2(v) for v in xs]
+            ax.plot(xs, ys, "--", color=line[0].get_color(), alpha=0.5, linewidth=1)
     if x == "tokens":
         ax.set_xscale("log")
         ax.set_xlabel("teacher tokens trained on")
@@ -164,6 +197,8 @@ def main() -> None:
             Path(run), label or Path(run).name, refs, args.k, args.max_new_tokens, vocab, known
         )
     plot(points, args.x, args.out, args.title)
+    if args.x == "tokens":
+        report_fits(points)
     atomic_write_json(args.out.with_suffix(".json"), points)
     print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
 

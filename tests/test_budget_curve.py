@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -40,3 +41,13 @@ def test_offline_share_counts_the_steps_training_took(budget_curve):
     assert budget_curve.offline_share(cfg, 120) == pytest.approx(sum(offline) / 120)
     # steps 0..9 only: a checkpoint is charged for the steps before it, not the run's
     assert budget_curve.offline_share(cfg, 10) == pytest.approx(sum(offline[:10]) / 10)
+
+
+def test_log_fit_recovers_a_line_in_log2_tokens_and_ignores_early_points(budget_curve):
+    pts = [{"tokens_seen": t, "alpha": 0.1 + 0.04 * math.log2(t / 1000)} for t in (2e3, 8e3, 64e3)]
+    pts.append({"tokens_seen": 100, "alpha": 0.9})  # < 64k / 32: a warm-up point, left out
+    pts.append({"tokens_seen": 0, "alpha": 0.05})  # the untrained init: no log
+    a, b = budget_curve.log_fit(pts)
+    assert b == pytest.approx(0.04)
+    assert a + b * math.log2(16e3) == pytest.approx(0.1 + 0.04 * 4)
+    assert budget_curve.log_fit(pts[:2]) is None  # two points make no fit worth printing
