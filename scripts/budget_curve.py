@@ -106,11 +106,15 @@ def run_points(
     return points
 
 
-def log_fit(points: list[dict], span: float = 32.0) -> tuple[float, float] | None:
-    """alpha = a + b * log2(tokens) by least squares over the points within `span` x of the
-    most tokens (the early, warm-up points bend the line); None with under 3 points."""
+def fit_points(points: list[dict], span: float = 32.0) -> list[dict]:
+    """The points within `span` x of the most tokens: the early, warm-up ones bend the line."""
     top = max((p["tokens_seen"] for p in points), default=0)
-    pts = [p for p in points if p["tokens_seen"] > 0 and p["tokens_seen"] >= top / span]
+    return [p for p in points if p["tokens_seen"] > 0 and p["tokens_seen"] >= top / span]
+
+
+def log_fit(points: list[dict]) -> tuple[float, float] | None:
+    """alpha = a + b * log2(tokens) by least squares over `fit_points`; None with under 3."""
+    pts = fit_points(points)
     if len(pts) < 3:
         return None
     xs = [math.log2(p["tokens_seen"]) for p in pts]
@@ -146,8 +150,8 @@ def plot(points: list[dict], x: str, out: Path, title: str) -> None:
         line = ax.plot([p[key] for p in pts], [p["alpha"] for p in pts], "o-", label=label)
         fit = log_fit(pts) if x == "tokens" else None
         if fit is not None:
-            xs = [p[key] for p in pts if p[key] >= pts[-1][key] / 32]
-            xs = [xs[0], xs[-1]]
+            used = [p["tokens_seen"] for p in fit_points(pts)]
+            xs = [min(used), max(used)]
             ys = [fit[0] + fit[1] * math.log2(v) for v in xs]
             ax.plot(xs, ys, "--", color=line[0].get_color(), alpha=0.5, linewidth=1)
     if x == "tokens":
