@@ -220,6 +220,20 @@ def kind_of(draft: dict) -> DraftKind:
     return get_kind(draft.get("kind") or "independent")
 
 
+def checkpoint_kind(path: Path) -> DraftKind:
+    """The kind of a checkpoint or export folder on disk, from its config.json: an eagle3
+    head is written in the speculators layout (`speculators_model_type: eagle3`, its
+    checkpoints and exports alike); anything else is an independent causal LM."""
+    import json
+
+    config = Path(path) / "config.json"
+    try:
+        model_type = json.loads(config.read_text()).get("speculators_model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None  # unreadable here: the loader names the problem
+    return get_kind("eagle3" if model_type == "eagle3" else "independent")
+
+
 def check_target(cfg: Config, target_config, num_ids: int) -> None:
     """Every configured kind's checks against the target (its config and token count only)."""
     for name in cfg.draft.kinds:

@@ -139,7 +139,7 @@ def prompt_seed(seed: int, prompt_id) -> int:
 # ----------------------------------------------------------------------------- the native run
 
 
-class _Models:
+class Models:
     """The target (and its tokenizer) loaded on first need: a fully cached rerun loads nothing."""
 
     def __init__(self, cfg: Config):
@@ -200,9 +200,9 @@ def decode_prompts(decoder: SpeculativeDecoder, prompts: list[dict], cfg: Config
 class NativeEvaluator:
     """Runs and caches the torch engine, the teacher-forced replay and the cost timing."""
 
-    def __init__(self, cfg: Config, results_dir: Path, models: _Models | None = None):
+    def __init__(self, cfg: Config, results_dir: Path, models: Models | None = None):
         self.cfg, self.dir = cfg, results_dir
-        self.models = models or _Models(cfg)
+        self.models = models or Models(cfg)
         self.target_path = resolve_model(cfg.target.model, "target.model")
         self.sampling = _sampling(cfg)
         self._draft_cache: dict[str, object] = {}
@@ -636,7 +636,7 @@ def _native_board(cfg: Config, sets: dict, primary: str, drafts: list[dict], run
 # ----------------------------------------------------------------------------- eval sets
 
 
-def _turn2_sets(cfg: Config, sets: dict, models: _Models, results_dir: Path) -> dict:
+def _turn2_sets(cfg: Config, sets: dict, models: Models, results_dir: Path) -> dict:
     """`<set>-turn2` for every set with followups (evaluate.turn2); answers cached."""
     out = {}
     for name, prompts in sets.items():
@@ -680,7 +680,7 @@ def choose_primary(cfg: Config, sets: dict) -> str:
     return primary_set(dict.fromkeys(names), cfg.evaluate.primary_eval_set)
 
 
-def with_turn2(cfg: Config, sets: dict, primary: str, models: _Models, results_dir: Path):
+def with_turn2(cfg: Config, sets: dict, primary: str, models: Models, results_dir: Path):
     """The sets, the primary first, with `<set>-turn2` added under evaluate.turn2."""
     if cfg.evaluate.turn2:
         sets = sets | _turn2_sets(cfg, sets, models, results_dir)
@@ -704,7 +704,7 @@ def run_evaluate(cfg: Config) -> None:
     )
     check_drafts(cfg, drafts)  # files whole, tokenizers the target's: before any decoding
     record_config(cfg)
-    models = _Models(cfg)
+    models = Models(cfg)
     sets = with_turn2(cfg, sets, primary, models, results_dir)
     if ev.backend == "vllm":
         from draftsmith.evaluate.vllm_backend import vllm_rows

@@ -1,4 +1,4 @@
-"""Greedy acceptance of drafts from one teacher-forced pass: an evaluation in seconds.
+"""Greedy acceptance of drafts from one teacher-forced replay: an evaluation in seconds.
 
     python scripts/estimate_acceptance.py RUN_DIR [CHECKPOINT_DIR ...] [--k 4]
         [--max-new-tokens 48] [--prompts FILE.jsonl]
@@ -7,9 +7,10 @@ Greedy speculative decoding only ever extends the target's own output, so whethe
 token is accepted is fixed by one question per position: does the draft's argmax, given
 the prompt and the target's own prefix, equal the target's token? The script decodes the
 prompts once with the target (cached in RUN_DIR/eval/greedy-refs-<prompts>-<n>.json), runs
-each draft once over prompt + reference and replays the rounds
-(draftsmith.evaluate.teacher_forced, whose counts equal the engine's:
-tests/test_teacher_forced.py); there are no timings, so speedup still needs `draftsmith
+each draft over prompt + reference and replays the rounds by its kind's replay
+(draftsmith.kinds.teacher_forced_results, whose counts equal the engine's:
+tests/test_teacher_forced.py, tests/test_pipeline_kinds.py); a CHECKPOINT_DIR may be an
+independent draft or an eagle3 head (told apart by its config.json); there are no timings, so speedup still needs `draftsmith
 evaluate`. Prompts: the run's held-out prompts, or any jsonl of {"id", "category",
 "prompt_ids"} (e.g. an eval set written by generate). Every draft after the first also gets
 its acceptance difference from the first, with a 95% paired-bootstrap interval over the
@@ -29,11 +30,10 @@ from draftsmith.config import load_config
 from draftsmith.distill import list_checkpoints
 from draftsmith.evaluate import metrics
 from draftsmith.evaluate.prompts import load_prompts, select_prompts
-from draftsmith.evaluate.teacher_forced import cached_greedy_refs, teacher_forced_results
-from draftsmith.models import (
-    load_model,
-    load_target_config,
-)
+from draftsmith.evaluate.stage import Models
+from draftsmith.evaluate.teacher_forced import cached_greedy_refs
+from draftsmith.kinds import KINDS, checkpoint_kind, teacher_forced_results
+from draftsmith.models import load_target_config
 
 
 def read_prompts(run: Path, cfg, prompts_file: Path | None) -> tuple[list[dict], str]:
@@ -58,15 +58,17 @@ def main() -> None:
     refs = cached_greedy_refs(cfg.target, prompts, cache, args.max_new_tokens)
     ckpts = args.checkpoints or [
         p
-        for d in (args.run_dir / "checkpoints", args.run_dir / "ablations" / "ce")
+        for kind in KINDS.values()
+        for d in (kind.checkpoints_dir(args.run_dir), kind.ce_dir(args.run_dir))
         for _, p in list_checkpoints(d)
     ]
     print(f"{len(refs)} prompts ({tag}) x {args.max_new_tokens} target tokens, greedy, k={args.k}")
     first = None
     vocab = load_target_config(cfg.target).get_text_config().vocab_size
+    models = Models(cfg)  # the evaluate stage's loader: the target once, drafts checked
     for path in ckpts:
-        draft = load_model(str(path), device=torch.device("cpu"), dtype=torch.float32)
-        rows = teacher_forced_results(draft, refs, args.k, args.max_new_tokens, vocab)
+        draft = {"name": str(path), "ref": str(path), "kind": checkpoint_kind(path).name}
+        rows = teacher_forced_results(draft, models, refs, args.k, args.max_new_tokens, vocab)
         s = metrics.summarize(rows, rows, args.k)
         cats = metrics.per_category(rows, rows, [r["category"] for r in rows], args.k)
         line = (

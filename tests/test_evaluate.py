@@ -551,7 +551,7 @@ def test_turn2_asks_the_followup_after_the_targets_own_cached_answer(run_dir, mo
 
     monkeypatch.setattr(turn2, "target_answers", no_decoding)
     sets = stage.eval_sets(stage.load_prompts(run_dir), None)
-    models = stage._Models(cfg)
+    models = stage.Models(cfg)
     got = stage.with_turn2(cfg, sets, "heldout", models, run_dir / "eval" / "results")
     for r, answer, p in zip(rows[1:3], answers, got["heldout-turn2"]):
         convo = (("user", r["prompt_text"]), ("assistant", answer), ("user", f"And {r['id']}?"))
@@ -586,7 +586,7 @@ def test_a_self_draft_that_rejects_tokens_fails_the_run(run_dir, monkeypatch, ca
     from draftsmith.evaluate import stage
     from draftsmith.models import load_model
 
-    real = stage._Models.draft
+    real = stage.Models.draft
 
     def wrong_weights(self, draft):
         if draft.get("role") == "sanity":
@@ -594,7 +594,7 @@ def test_a_self_draft_that_rejects_tokens_fails_the_run(run_dir, monkeypatch, ca
             return load_model(ck0, device=torch.device("cpu"), dtype=torch.float32)
         return real(self, draft)
 
-    monkeypatch.setattr(stage._Models, "draft", wrong_weights)
+    monkeypatch.setattr(stage.Models, "draft", wrong_weights)
     with pytest.raises(DraftsmithError, match=r"drafting for itself rejected tokens on heldout"):
         run_evaluate(_cfg(run_dir, baselines=["target"]))
     assert "(teacher_forced): alpha" in capsys.readouterr().out

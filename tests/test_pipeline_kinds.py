@@ -93,7 +93,7 @@ def test_eagle3_engine_counts_equal_the_teacher_forced_replay(both_run):
     """Every eagle3 row's per-prompt counts from real decoding equal kinds'
     teacher-forced replay (one target forward + the head's steps) on the target's output."""
     from draftsmith.evaluate.prompts import list_drafts, load_prompts
-    from draftsmith.evaluate.stage import _Models
+    from draftsmith.evaluate.stage import Models
     from draftsmith.kinds import teacher_forced_results
     from draftsmith.vocab import token_id_count
 
@@ -104,7 +104,7 @@ def test_eagle3_engine_counts_equal_the_teacher_forced_replay(both_run):
     (base_file,) = results.glob("target-only-heldout-*.json")
     base = {r["id"]: r for r in json.loads(base_file.read_text())["results"]}
     prompts = {p["id"]: p for p in load_prompts(out)}
-    models = _Models(cfg)
+    models = Models(cfg)
     num_ids = token_id_count(models.tokenizer())
     drafts = [d for d in list_drafts(out, [], kinds=cfg.draft.kinds) if d["kind"] == "eagle3"]
     fields = ("tokens", "proposed", "accepted", "accepted_at", "reached_at", "target_forwards")
@@ -179,3 +179,37 @@ def test_the_eagle3_row_exports_validated_and_decodes_losslessly(both_run, tmp_p
         .splitlines()[-1]
         .endswith(f"{dest}: export dir exists; set export.overwrite=true to replace it")
     )
+
+
+def test_estimate_acceptance_script_replays_both_kinds_as_the_leaderboard(both_run):
+    """scripts/estimate_acceptance.py finds every checkpoint of both kinds in a run and gives
+    each the acceptance its teacher-forced leaderboard row has (same prompts, k, budget)."""
+    import re
+    import subprocess
+    import sys
+
+    out, _ = both_run
+    cfg = load_config(out / "config.yaml")
+    k, budget = cfg.evaluate.num_speculative_tokens, cfg.evaluate.max_new_tokens
+    proc = subprocess.run(
+        [sys.executable, "scripts/estimate_acceptance.py", str(out), "--k", str(k)]
+        + ["--max-new-tokens", str(budget)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = {
+        Path(m[1]).relative_to(out).as_posix(): float(m[2])
+        for m in re.finditer(r"^(\S+): acceptance ([0-9.]+)", proc.stdout, re.M)
+    }
+    board = json.loads((out / "eval" / "leaderboard.json").read_text())
+    tf = {
+        r["path"]: r["acceptance_rate"]
+        for r in board["rows"]
+        if r["measured_by"] == "teacher_forced"
+    }
+    assert set(printed) == set(tf)  # every checkpoint of both kinds
+    assert any(p.startswith("eagle3/") for p in printed)
+    for path, acceptance in tf.items():
+        assert printed[path] == pytest.approx(acceptance, abs=5e-4), path
