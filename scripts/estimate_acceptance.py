@@ -75,6 +75,10 @@ def main() -> None:
             f"{path}: acceptance {s['acceptance_rate']:.3f}  alpha {s['alpha']:.3f}  "
             f"tokens/target forward {s['mean_accepted_length']:.2f}"
         )
+        per_position = "/".join(
+            "-" if a is None else f"{a:.2f}" for a in s["per_position_acceptance"]
+        )
+        line += f"  by position {per_position}"
         if first is None:
             first = rows
         elif c := metrics.paired_acceptance_diff(rows, first, seed=cfg.run.seed):
