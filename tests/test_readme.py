@@ -28,3 +28,43 @@ def test_ci_runs_the_readme_test_command_verbatim():
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     line = ci[ci.index("# README-TEST-COMMAND") + 1]
     assert line.startswith(_readme_commands()[1] + " 2>&1 | tee")
+
+
+def _config_table_defaults() -> list[tuple[str, str, str]]:
+    """(section, key, default) of the README config table's rows; a row naming several keys
+    ("ttt_steps, ttt_loss_decay | 3, 0.5") gives one triple per key."""
+    text = (REPO / "README.md").read_text()
+    out = []
+    for m in re.finditer(r"^\| ([a-z_.0-9]+) \| ([a-z_0-9, ]+) \| ([^|]+) \|", text, re.M):
+        keys, defaults = m[2].split(", "), m[3].strip().split(", ")
+        if len(keys) == len(defaults):
+            out += [(m[1], k, d) for k, d in zip(keys, defaults)]
+    return out
+
+
+def test_config_table_defaults_are_the_code_defaults():
+    """Every scalar default the README's config table states is the dataclass default (a
+    default changed by measurement must change in both)."""
+    import dataclasses
+
+    import yaml
+
+    from draftsmith.config import Config
+
+    checked = []
+    for section, key, default in _config_table_defaults():
+        obj = Config()
+        try:
+            for part in section.split("."):
+                obj = getattr(obj, part)
+            value = getattr(obj, key)
+        except AttributeError:
+            continue  # a table of something else
+        if isinstance(value, (list, dict)) or dataclasses.is_dataclass(value):
+            continue  # described in words ("all four"), not a scalar
+        stated = yaml.safe_load(default.strip("`"))
+        if isinstance(value, float) and isinstance(stated, str):
+            stated = float(stated)  # YAML 1.1 reads 5e-4 as a string; the config loader does not
+        assert stated == value, (section, key, default, value)
+        checked.append(f"{section}.{key}")
+    assert "draft.eagle3.draft_vocab_size" in checked and len(checked) >= 25
