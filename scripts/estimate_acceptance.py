@@ -10,8 +10,8 @@ prompts once with the target (cached in RUN_DIR/eval/greedy-refs-<prompts>-<n>.j
 each draft over prompt + reference and replays the rounds by its kind's replay
 (draftsmith.kinds.teacher_forced_results, whose counts equal the engine's:
 tests/test_teacher_forced.py, tests/test_pipeline_kinds.py); a CHECKPOINT_DIR may be an
-independent draft or an eagle3 head (told apart by its config.json); there are no timings, so speedup still needs `draftsmith
-evaluate`. Prompts: the run's held-out prompts, or any jsonl of {"id", "category",
+independent draft or an eagle3 head (told apart by its config.json). There are no timings,
+so speedup still needs `draftsmith evaluate`. Prompts: the run's held-out prompts, or any jsonl of {"id", "category",
 "prompt_ids"} (e.g. an eval set written by generate). Every draft after the first also gets
 its acceptance difference from the first, with a 95% paired-bootstrap interval over the
 prompts. Without CHECKPOINT_DIRs: every checkpoint of the run and its CE twin.
