@@ -98,12 +98,15 @@ def cmd_models_pull(name: str, force: bool) -> int:
 
 
 def cmd_models_list() -> int:
+    from draftsmith.gguf_models import human_bytes
     from draftsmith.models import REGISTRY, registry_path
 
     for entry in REGISTRY.values():
         path = registry_path(entry.name)
         state = f"pulled: {path}" if (path / "config.json").is_file() else "not pulled"
-        print(f"{entry.name:24s} {entry.description} [{state}]")
+        size = human_bytes(entry.size_bytes) if entry.size_bytes else "size unknown"
+        print(f"{entry.name:28s} {entry.description}")
+        print(f"{'':28s}   {size} fp32, from {entry.source} [{state}]")
     return 0
 
 

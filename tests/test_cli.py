@@ -49,7 +49,7 @@ def test_unknown_registry_model_is_one_line_exit_1():
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         "draftsmith: error: no-such-model: not a registry model (known: smollm2-135m-instruct, "
-        "tiny-random-llama)"
+        "qwen2.5-coder-1.5b-instruct, qwen2.5-coder-0.5b-instruct, tiny-random-llama)"
     ]
 
 

@@ -126,7 +126,9 @@ def test_smollm2_pull_matches_gguf_and_chats(tmp_path, monkeypatch):
     assert (path / "model.safetensors").is_file()
     assert not [p for p in path.parent.iterdir() if p.name != path.name]  # no temp leftovers
 
-    gguf = models._download_smollm2_gguf(tmp_path)
+    from draftsmith.gguf_models import assemble_gguf
+
+    gguf = assemble_gguf(models.SMOLLM2, tmp_path, "smollm2")  # the pinned file, checked
     ref = AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32
     )
