@@ -334,11 +334,28 @@ def load_draft(cfg: Config, resume: Path | None, target, target_tok, target_conf
     return draft, load_tokenizer(str(resume), key="distill.resume"), read_meta(resume)["init"]
 
 
-def trainable_parameters(draft, freeze_embeddings: bool) -> list:
-    """The parameters the optimizer updates; frozen embeddings (and a tied head) get no grad."""
+def trainable_parameters(draft, freeze_embeddings: bool, train_layers: int | None = None) -> list:
+    """The parameters the optimizer updates; frozen embeddings (and a tied head) get no grad.
+    `train_layers`: only the last that many decoder layers (and the final norm and head)
+    train; the layers below and the input embeddings are frozen, so no gradient is computed
+    below the lowest trained layer."""
     if freeze_embeddings:
         draft.get_input_embeddings().weight.requires_grad_(False)
         draft.get_output_embeddings().weight.requires_grad_(False)
+    if train_layers is not None:
+        layers = getattr(getattr(draft, "model", None), "layers", None)
+        if layers is None:
+            raise ConfigError(
+                f"distill.train_layers: {type(draft).__name__} has no decoder layers "
+                "(model.layers) to choose from; set it to null"
+            )
+        if train_layers > len(layers):
+            raise ConfigError(
+                f"distill.train_layers: {train_layers} is more than the draft's {len(layers)} layers"
+            )
+        draft.get_input_embeddings().weight.requires_grad_(False)
+        for layer in layers[: len(layers) - train_layers]:
+            layer.requires_grad_(False)
     return [p for p in draft.parameters() if p.requires_grad]
 
 
@@ -477,7 +494,7 @@ class IndependentTraining:
         return teacher, CompletionLogits(draft, num_ids)
 
     def trainable_parameters(self, cfg: Config, draft) -> list:
-        return trainable_parameters(draft, cfg.distill.freeze_embeddings)
+        return trainable_parameters(draft, cfg.distill.freeze_embeddings, cfg.distill.train_layers)
 
     def loss_weights(self, cfg: Config) -> list[float]:
         return [1.0]

@@ -245,6 +245,10 @@ class DistillConfig:
     # head's weight gradient is the costliest matmul of a small draft's step, and a frozen
     # head keeps the logits of tokens the training data never shows where the target put them.
     freeze_embeddings: bool = False
+    # Train only the last this-many decoder layers (and the final norm, and the head unless
+    # freeze_embeddings): the backward pass then stops at the lowest trained layer, which is
+    # what makes fine-tuning a pretrained draft (init=pretrained) cheaper on a CPU. null: all.
+    train_layers: int | None = field(default=None, metadata=_range(ge=1))
     save_every: int = field(default=50, metadata=_range(ge=1))
     # Extra steps to save at besides every save_every, e.g. log-spaced [8, 16, 32, 64] for
     # a curve of acceptance against teacher tokens (scripts/budget_curve.py --x tokens).

@@ -217,7 +217,7 @@ def _replay(head, target, prompt_ids, tokens, k, budget, vocab) -> tuple[DecodeR
 def teacher_forced_pass(head, load_target, prompt_ids, tokens, vocab, k, budget) -> dict:
     """The engine's greedy counts at k (replay_greedy) and the smallest margin of its drafts."""
     res, margins = _replay(head, load_target(), prompt_ids, tokens, k, budget, vocab)
-    counts = {key: getattr(res, key) for key in (*COUNT_KEYS, "draft_forwards")}
+    counts = {key: getattr(res, key) for key in (*COUNT_KEYS, "draft_forwards", "outcome")}
     return {"counts": counts, "margin": min(margins) if margins else None}
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from draftsmith.evaluate.metrics import token_outcomes
 from draftsmith.fast_linear import cpu_few_row_linear
 from draftsmith.kv_cache import cache_kwarg, crop_cache, new_cache
 from draftsmith.sampling import SamplingConfig, sampling_probs
@@ -56,6 +57,9 @@ class DecodeResult:
     accepted: int = 0  # of those, emitted as output
     accepted_at: list[int] = field(default_factory=list)  # (k,) rounds accepting position i
     reached_at: list[int] = field(default_factory=list)  # (k,) rounds verifying position i
+    # per emitted token: 1 an accepted draft, 0 the target's token where its draft was judged
+    # and rejected, -1 no draft judged there (a bonus token, target-only decoding)
+    outcome: list[int] = field(default_factory=list)
     target_forwards: int = 0  # decode/verify forwards (the prompt prefill not counted)
     draft_forwards: int = 0
     draft_1tok_time: float = 0.0  # summed seconds of single-token draft forwards
@@ -390,3 +394,4 @@ class SpeculativeDecoder:
             res.reached_at[i] += 1
         for i in range(emitted_drafts):
             res.accepted_at[i] += 1
+        res.outcome.extend(token_outcomes(emitted_drafts, reached, len(new)))

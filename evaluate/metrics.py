@@ -106,8 +106,14 @@ def _tokens_per_s(results: Sequence[dict]) -> float | None:
     return tokens_per_second(sum(len(r["tokens"]) for r in results), _sum(results, "wall_time"))
 
 
-def summarize(spec: Sequence[dict], target_only: Sequence[dict], k: int) -> dict:
-    """One summary over matching per-prompt results (same prompts, same order)."""
+def summarize(
+    spec: Sequence[dict],
+    target_only: Sequence[dict],
+    k: int,
+    prompt_ids: Sequence[Sequence[int]] | None = None,
+) -> dict:
+    """One summary over matching per-prompt results (same prompts, same order); with the
+    prompts' ids, also acceptance on the tokens that copy the prompt and on the rest."""
     tokens = sum(len(r["tokens"]) for r in spec)
     proposed, accepted = int(_sum(spec, "proposed")), int(_sum(spec, "accepted"))
     forwards = int(_sum(spec, "target_forwards"))
@@ -155,18 +161,71 @@ def summarize(spec: Sequence[dict], target_only: Sequence[dict], k: int) -> dict
         "target_verify_ms": (
             1e3 * _ratio(_sum(spec, "target_verify_time"), verify_n) if verify_n else None
         ),
+        **echo_split(spec, prompt_ids),
     }
 
 
 def per_category(
-    spec: Sequence[dict], target_only: Sequence[dict], categories: Sequence[str], k: int
+    spec: Sequence[dict],
+    target_only: Sequence[dict],
+    categories: Sequence[str],
+    k: int,
+    prompt_ids: Sequence[Sequence[int]] | None = None,
 ) -> dict[str, dict]:
-    """summarize() for each category; the three sequences are aligned by prompt."""
+    """summarize() for each category; the sequences are aligned by prompt."""
     out = {}
     for cat in sorted(set(categories)):
         idx = [i for i, c in enumerate(categories) if c == cat]
-        out[cat] = summarize([spec[i] for i in idx], [target_only[i] for i in idx], k)
+        ids = None if prompt_ids is None else [prompt_ids[i] for i in idx]
+        out[cat] = summarize([spec[i] for i in idx], [target_only[i] for i in idx], k, ids)
     return out
+
+
+# A token "echoes" the prompt when it lies in a run of at least ECHO_NGRAM output tokens that
+# also occurs in the prompt: re-typed docstrings and signatures (HumanEval), quoted text
+# (extraction). Any draft that has read the prompt guesses those; acceptance on the rest is
+# what says whether a draft predicts new text.
+ECHO_NGRAM = 4
+
+
+def echo_mask(prompt_ids: Sequence[int], tokens: Sequence[int], n: int = ECHO_NGRAM) -> list[bool]:
+    """Per output token: does it lie in a run of >= n output tokens found in the prompt?"""
+    prompt, out = list(prompt_ids), list(tokens)
+    grams = {tuple(prompt[j : j + n]) for j in range(len(prompt) - n + 1)}
+    mask = [False] * len(out)
+    for j in range(len(out) - n + 1):
+        if tuple(out[j : j + n]) in grams:
+            mask[j : j + n] = [True] * n
+    return mask
+
+
+def echo_split(spec: Sequence[dict], prompt_ids: Sequence[Sequence[int]] | None) -> dict:
+    """echo_share (output tokens that copy the prompt / all output tokens) and alpha on each
+    side: accepted / judged drafts at echo positions (alpha_echo) and elsewhere (alpha_new).
+    Empty without prompts or without per-token outcomes (results cached before they were kept)."""
+    if prompt_ids is None or any(r.get("outcome") is None for r in spec):
+        return {}
+    judged, accepted = {True: 0, False: 0}, {True: 0, False: 0}
+    echoes = tokens = 0
+    for r, ids in zip(spec, prompt_ids):
+        mask = echo_mask(ids, r["tokens"])
+        echoes, tokens = echoes + sum(mask), tokens + len(mask)
+        for outcome, echo in zip(r["outcome"], mask):
+            judged[echo] += outcome >= 0
+            accepted[echo] += outcome == 1
+    return {
+        "echo_share": _ratio(echoes, tokens),
+        "alpha_echo": _ratio(accepted[True], judged[True]),
+        "alpha_new": _ratio(accepted[False], judged[False]),
+    }
+
+
+def token_outcomes(accepted: int, reached: int, emitted: int) -> list[int]:
+    """Per token a round emits: 1 for its `accepted` drafts, then for the token after them
+    0 when its draft was judged (reached > accepted: rejected) and -1 when none was (the
+    bonus token, or no draft at all)."""
+    tail = [0 if reached > accepted else -1] if emitted > accepted else []
+    return [1] * accepted + tail
 
 
 def greedy_rounds(agree: Sequence[bool], k: int, budget: int | None = None) -> dict:
@@ -186,6 +245,7 @@ def greedy_rounds(agree: Sequence[bool], k: int, budget: int | None = None) -> d
     n, i = len(agree), 0
     budget = n if budget is None else budget
     out = {"proposed": 0, "accepted": 0, "rounds": 0, "accepted_at": [0] * k, "reached_at": [0] * k}
+    out["outcome"] = []  # per output token, as token_outcomes
     while i < n:
         k_round = min(k, budget - i - 1)
         acc = 0
@@ -202,6 +262,7 @@ def greedy_rounds(agree: Sequence[bool], k: int, budget: int | None = None) -> d
         out["proposed"] += k_round
         out["accepted"] += emitted
         out["rounds"] += 1
+        out["outcome"] += token_outcomes(emitted, reached, min(acc + 1, n - i))
         i += acc + 1
     return out
 
@@ -244,42 +305,81 @@ def lossless_match_rate(spec_tokens: Sequence[Sequence[int]], ref_tokens: Sequen
 def paired_acceptance_diff(
     a: Sequence[dict], b: Sequence[dict], n_boot: int = 2000, seed: int = 0
 ) -> dict | None:
-    """Acceptance rate of draft a minus draft b on the same prompts, with a 95% interval.
+    """Acceptance rate and alpha of draft a minus draft b on the same prompts, with 95%
+    intervals.
 
     a[i] and b[i] are the two drafts' results on prompt i. The interval is a paired
     percentile bootstrap over prompts: resample prompt indices with replacement, recompute
-    both pooled rates (accepted / proposed) on the same resample, take the 2.5th and 97.5th
-    percentiles of the difference. Pairing matters: prompts differ far more in how
-    predictable they are than two drafts differ on one prompt, so an unpaired interval
-    would be several times wider. `share_a_better` is the share of resamples where a > b.
+    both pooled ratios (accepted / proposed; alpha: accepted / judged) on the same resample,
+    take the 2.5th and 97.5th percentiles of the difference. Pairing matters: prompts differ
+    far more in how predictable they are than two drafts differ on one prompt, so an
+    unpaired interval would be several times wider. `share_a_better` is the share of
+    resamples where a's acceptance rate is higher.
     """
     if len(a) != len(b) or not a:
         return None
-    acc_a = [r["accepted"] for r in a]
-    acc_b = [r["accepted"] for r in b]
-    prop_a = [r["proposed"] for r in a]
-    prop_b = [r["proposed"] for r in b]
-
-    def diff(idx: Sequence[int]) -> float | None:
-        pa, pb = sum(prop_a[i] for i in idx), sum(prop_b[i] for i in idx)
-        if not pa or not pb:
-            return None
-        return sum(acc_a[i] for i in idx) / pa - sum(acc_b[i] for i in idx) / pb
-
-    point = diff(range(len(a)))
+    acc_a, acc_b = [r["accepted"] for r in a], [r["accepted"] for r in b]
+    rates = _Paired(acc_a, [r["proposed"] for r in a], acc_b, [r["proposed"] for r in b])
+    judged = all("reached_at" in r for r in (*a, *b))  # counts of a replay or the engine
+    alphas = None
+    if judged:
+        den_a, den_b = [sum(r["reached_at"]) for r in a], [sum(r["reached_at"]) for r in b]
+        alphas = _Paired(acc_a, den_a, acc_b, den_b)
+    point = rates.diff(range(len(a)))
     if point is None:
         return None
     rng = random.Random(seed)
     n = len(a)
-    boots = sorted(
-        d
-        for d in (diff([rng.randrange(n) for _ in range(n)]) for _ in range(n_boot))
-        if d is not None
-    )
+    samples = [[rng.randrange(n) for _ in range(n)] for _ in range(n_boot)]
+    boots = sorted(d for d in map(rates.diff, samples) if d is not None)
+    alpha_boots = sorted(d for d in map(alphas.diff, samples) if d is not None) if alphas else []
     return {
         "diff": point,
-        "ci95": [boots[int(0.025 * (len(boots) - 1))], boots[int(0.975 * (len(boots) - 1))]],
+        "ci95": _percentile_interval(boots),
         "share_a_better": sum(d > 0 for d in boots) / len(boots),
+        "alpha_diff": alphas.diff(range(n)) if alphas else None,
+        "alpha_ci95": _percentile_interval(alpha_boots) if alpha_boots else None,
         "num_prompts": n,
         "n_boot": len(boots),
     }
+
+
+def paired_diff_by_category(
+    a: Sequence[dict], b: Sequence[dict], n_boot: int = 2000, seed: int = 0
+) -> dict | None:
+    """paired_acceptance_diff over all prompts and, when they span several categories, in
+    each category on its own ("per_category"): a draft may gain on one kind of content and
+    lose on another, which the pooled figure hides."""
+    out = paired_acceptance_diff(a, b, n_boot, seed)
+    cats = sorted({r["category"] for r in a if "category" in r})
+    if out is not None and len(cats) > 1:
+        out["per_category"] = {
+            cat: paired_acceptance_diff(
+                [x for x in a if x["category"] == cat],
+                [y for x, y in zip(a, b) if x["category"] == cat],
+                n_boot,
+                seed,
+            )
+            for cat in cats
+        }
+    return out
+
+
+class _Paired:
+    """Two drafts' per-prompt numerators and denominators: the pooled ratio difference on
+    any multiset of prompt indices."""
+
+    def __init__(self, num_a, den_a, num_b, den_b):
+        self.num_a, self.den_a, self.num_b, self.den_b = num_a, den_a, num_b, den_b
+
+    def diff(self, idx: Iterable[int]) -> float | None:
+        idx = list(idx)
+        da, db = sum(self.den_a[i] for i in idx), sum(self.den_b[i] for i in idx)
+        if not da or not db:
+            return None
+        return sum(self.num_a[i] for i in idx) / da - sum(self.num_b[i] for i in idx) / db
+
+
+def _percentile_interval(sorted_values: Sequence[float]) -> list[float]:
+    m = len(sorted_values) - 1
+    return [sorted_values[int(0.025 * m)], sorted_values[int(0.975 * m)]]

@@ -33,6 +33,11 @@ METRIC_COLUMNS = (
     ("tokens_per_s", "tok/s", "{:.1f}"),
 )
 METRIC_KEYS = tuple(key for key, _, _ in METRIC_COLUMNS)
+# Acceptance split by whether the target's token copies the prompt (metrics.echo_split).
+ECHO_COLUMNS = (
+    ("echo_share", "echo", "{:.2f}"),
+    ("alpha_new", "alpha(new)", "{:.3f}"),
+)
 # Drafts this run trained (evaluate/prompts.py list_drafts): their checkpoints record how.
 TRAINED_ROLES = ("init", "distilled", "ce_twin")
 TABLE_COLUMNS = (
@@ -42,6 +47,7 @@ TABLE_COLUMNS = (
     ("measured_by", "by", "{}"),
     ("num_prompts", "n", "{}"),
     *METRIC_COLUMNS[:3],
+    *ECHO_COLUMNS,
     ("speedup", "speedup", "{:.2f}x"),
     ("speedup_iqr", "(IQR)", "{:.2f}"),
     *METRIC_COLUMNS[4:],
@@ -53,6 +59,9 @@ CSV_FIELDS = (
     "kind",
     "step",
     *METRIC_KEYS,
+    "echo_share",
+    "alpha_echo",
+    "alpha_new",
     "num_speculative_tokens",
     "temperature",
     "target_tokens_per_s",
@@ -122,17 +131,21 @@ def _row_table(rows: list[dict], best: str | None) -> list[str]:
 
 
 def category_table(rows: list[dict]) -> list[str]:
-    """Acceptance rate per category (columns) of each draft (lines): its ranking row."""
+    """Alpha and tokens per target forward per category (columns) of each draft (lines):
+    its ranking row."""
     ranked = ranking_rows(rows)
     cats = sorted({c for r in ranked for c in r.get("per_category", {})})
     if len(cats) < 2:
         return []
-    body = [
-        [r["checkpoint"]]
-        + [_cell(r["per_category"].get(c, {}).get("acceptance_rate"), "{:.3f}") for c in cats]
-        for r in ranked
-    ]
-    return ["acceptance rate per category:", *_grid(["checkpoint", *cats], body)]
+
+    def cell(row: dict, cat: str) -> str:
+        m = row["per_category"].get(cat, {})
+        alpha, tpf = m.get("alpha"), m.get("mean_accepted_length")
+        return "-" if alpha is None else f"{alpha:.3f} ({_cell(tpf, '{:.2f}')})"
+
+    body = [[r["checkpoint"]] + [cell(r, c) for c in cats] for r in ranked]
+    title = "alpha (tokens per target forward) per category:"
+    return [title, *_grid(["checkpoint", *cats], body)]
 
 
 def _set_heading(board: dict, name: str) -> str:
@@ -219,10 +232,25 @@ def format_comparison(c: dict) -> str:
         verdict = "worse"
     else:
         verdict = "not distinguishable on these prompts"
-    return (
+    line = (
         f"{c['draft']} vs {c['against']}: acceptance {c['diff']:+.3f} (95% CI {lo:+.3f} to "
         f"{hi:+.3f}, paired bootstrap over {c['num_prompts']} prompts): {verdict}"
     )
+    if c.get("alpha_ci95"):
+        line += f"; alpha {_diff_ci(c)}"
+    per_cat = {cat: d for cat, d in (c.get("per_category") or {}).items() if d and d["alpha_ci95"]}
+    if per_cat:
+        line += "\n    alpha per category: " + ", ".join(
+            f"{cat} {_diff_ci(d)}" for cat, d in per_cat.items()
+        )
+    return line
+
+
+def _diff_ci(d: dict) -> str:
+    """alpha difference with its interval, starred when the interval excludes zero."""
+    lo, hi = d["alpha_ci95"]
+    star = "*" if lo > 0 or hi < 0 else ""
+    return f"{d['alpha_diff']:+.3f}{star} ({lo:+.3f}..{hi:+.3f})"
 
 
 # ----------------------------------------------------------------------------- plots

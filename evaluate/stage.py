@@ -361,7 +361,9 @@ class NativeEvaluator:
         idx = [i for i, p in enumerate(prompts) if id(p) in chosen]
         sub, sub_base = [prompts[i] for i in idx], [base[i] for i in idx]
         data = self.engine(draft, name, sub, sub_base, k)
-        row = build_row(draft, data["results"], sub_base, self.cfg, k, name, "engine", data)
+        row = build_row(
+            draft, data["results"], sub_base, self.cfg, k, name, "engine", data, prompts=sub
+        )
         replayed = self.replayed(draft, name, prompts, base, k)
         row["replay_match_rate"] = teacher_forced.check_replay(
             f"{draft['name']} on {name} at k={k}",
@@ -409,12 +411,14 @@ class NativeEvaluator:
         for k in ev.k_sweep:
             if self.sampling.greedy:
                 results = self.replayed(draft, name, prompts, base, k)
-                acc = build_row(draft, results, base, self.cfg, k, name, "teacher_forced")
+                acc = build_row(
+                    draft, results, base, self.cfg, k, name, "teacher_forced", prompts=prompts
+                )
                 eng = self.engine_row(draft, name, prompts, base, k)
             else:
                 data = self.engine(draft, name, prompts, base, k)
                 acc = eng = build_row(
-                    draft, data["results"], base, self.cfg, k, name, "engine", data
+                    draft, data["results"], base, self.cfg, k, name, "engine", data, prompts
                 )
             out.append(costed_sweep_entry(acc, eng, costs))
         return out, costs
@@ -432,12 +436,16 @@ def build_row(
     eval_set: str,
     measured_by: str,
     data: dict | None = None,
+    prompts: list[dict] | None = None,
 ) -> dict:
     """One leaderboard row: `draft` at k on `eval_set`, from per-prompt results (`data`: the
-    engine's cache entry, for the lossless check)."""
+    engine's cache entry, for the lossless check; `prompts`, aligned with the results: their
+    ids, for the echo split)."""
     engine = measured_by == "engine"
     speedups = metrics.per_prompt_speedups(results, base) if engine else []
     q = metrics.quartiles(speedups) if speedups else None
+    ids = [p["prompt_ids"] for p in prompts] if prompts is not None else None
+    categories = [r["category"] for r in results]
     return {
         "checkpoint": draft["name"],
         "path": draft_path(draft),
@@ -447,9 +455,9 @@ def build_row(
         "trained_steps": draft["trained_steps"],
         "eval_set": eval_set,
         "measured_by": measured_by,
-        **metrics.summarize(results, base, k),
+        **metrics.summarize(results, base, k, ids),
         "speedup_iqr": [q[0], q[2]] if q else None,
-        "per_category": metrics.per_category(results, base, [r["category"] for r in results], k),
+        "per_category": metrics.per_category(results, base, categories, k, ids),
         "lossless_match_rate": (data or {}).get("lossless_match_rate"),
         # prompts whose output left the target's at a numerical near-tie (check_lossless)
         "lossless_ties": len(data["lossless_ties"])
@@ -490,7 +498,7 @@ def compare_drafts(drafts: list[dict], per_prompt: dict[str, list[dict]], seed: 
     out = []
     for last, others in compared(drafts):
         for other in others:
-            diff = metrics.paired_acceptance_diff(
+            diff = metrics.paired_diff_by_category(
                 per_prompt[last["name"]], per_prompt[other["name"]], seed=seed
             )
             if diff is not None:
@@ -509,7 +517,7 @@ def compare_kinds(rows: list[dict], per_prompt: dict[str, list[dict]], metric: s
     out = []
     for i, a in enumerate(best):
         for b in best[i + 1 :]:
-            diff = metrics.paired_acceptance_diff(
+            diff = metrics.paired_diff_by_category(
                 per_prompt[a["checkpoint"]], per_prompt[b["checkpoint"]], seed=seed
             )
             if diff is not None:
@@ -586,7 +594,7 @@ def _native_board(cfg: Config, sets: dict, primary: str, drafts: list[dict], run
             else:
                 data = runner.engine(d, s, ps, bases[s], k)
                 ranked[d["name"], s] = data["results"]
-            row = build_row(d, ranked[d["name"], s], bases[s], cfg, k, s, by, data)
+            row = build_row(d, ranked[d["name"], s], bases[s], cfg, k, s, by, data, ps)
             ranking_rows[d["name"], s] = row
     engine_rows = {}
     by_speed = ev.select_metric == "speedup"

@@ -84,6 +84,7 @@ def counts_result(tokens: Sequence[int], k: int, counts: dict) -> dict:
         "tokens": list(tokens),
         "k": k,
         **{key: counts[key] for key in (*COUNT_KEYS, "draft_forwards")},
+        "outcome": counts.get("outcome"),  # per token (metrics.token_outcomes): echo split
         "draft_1tok_time": 0.0,
         "draft_1tok_n": 0,
         "target_1tok_time": 0.0,

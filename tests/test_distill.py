@@ -23,8 +23,8 @@ from test_distill_helpers import (
 from draftsmith.config import config_to_dict
 from draftsmith.distill import list_checkpoints
 from draftsmith.distill.stage import run_distill
-from draftsmith.distill.train import train_draft
-from draftsmith.errors import DraftsmithError
+from draftsmith.distill.train import train_draft, trainable_parameters
+from draftsmith.errors import ConfigError, DraftsmithError
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -107,6 +107,27 @@ def test_freeze_embeddings_trains_the_layers_only(tmp_path, target_dir, data_dir
     assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)  # the target's
     moved = [k for k in before if k not in frozen and not torch.equal(before[k], after[k])]
     assert any(".mlp." in k for k in moved) and any(".self_attn." in k for k in moved)
+
+
+def test_train_layers_trains_only_the_last_layers_norm_and_head(tmp_path, target_dir, data_dir):
+    out = run_dir_with_data(tmp_path, data_dir)
+    cfg = make_cfg(out, target_dir, teacher="offline", max_steps=2, save_every=2, lr=3e-3)
+    cfg.draft.num_layers = 3
+    cfg.distill.train_layers = 1
+    run_distill(cfg)
+    before = load_file(out / "checkpoints" / "checkpoint-0" / "model.safetensors")
+    after = load_file(out / "checkpoints" / "checkpoint-2" / "model.safetensors")
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and all(
+        k.startswith(("model.layers.2.", "model.norm.", "lm_head.")) for k in moved
+    )
+    assert any(k.startswith("model.layers.2.mlp.") for k in moved)
+    assert "model.embed_tokens.weight" not in moved
+    from transformers import AutoModelForCausalLM
+
+    draft = AutoModelForCausalLM.from_pretrained(out / "checkpoints" / "checkpoint-0")
+    with pytest.raises(ConfigError, match="distill.train_layers: 4 is more than the draft's 3"):
+        trainable_parameters(draft, False, 4)
 
 
 def test_save_steps_add_checkpoints_beside_save_every(tmp_path, target_dir, data_dir):

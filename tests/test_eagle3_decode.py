@@ -134,7 +134,15 @@ def _eos_late(tokens: list[int], at: int) -> list[int]:
 def test_replay_counts_equal_the_engine(trained, k):
     target, head = trained
     V = target.config.vocab_size
-    keys = ("tokens", "proposed", "accepted", "accepted_at", "reached_at", "target_forwards")
+    keys = (
+        "tokens",
+        "proposed",
+        "accepted",
+        "accepted_at",
+        "reached_at",
+        "target_forwards",
+        "outcome",
+    )
     accepted = 0
     for prompt, stop in (([5, 9, 3], False), ([7], False), ([30, 4, 4, 12, 6], True)):
         plain = SpeculativeDecoder(target).generate(prompt, 24).tokens

@@ -130,6 +130,36 @@ def test_greedy_rounds_hand_computed():
     r = m.greedy_rounds([True, True, False, True, False, False], k=2)
     assert (r["proposed"], r["accepted"], r["rounds"]) == (4, 3, 3)
     assert r["accepted_at"] == [2, 1] and r["reached_at"] == [2, 2]
+    # per token: accepted, accepted, bonus; accepted, rejected; no draft
+    assert r["outcome"] == [1, 1, -1, 1, 0, -1]
+
+
+def test_token_outcomes_of_one_round():
+    assert m.token_outcomes(accepted=2, reached=3, emitted=3) == [1, 1, 0]  # a miss
+    assert m.token_outcomes(accepted=3, reached=3, emitted=4) == [1, 1, 1, -1]  # bonus token
+    assert m.token_outcomes(accepted=2, reached=2, emitted=2) == [1, 1]  # EOS among the drafts
+    assert m.token_outcomes(accepted=0, reached=0, emitted=1) == [-1]  # target-only
+
+
+def test_echo_mask_marks_tokens_that_copy_the_prompt():
+    prompt = [1, 2, 3, 4, 5, 6]
+    assert m.echo_mask(prompt, [3, 4, 5, 6, 9]) == [True] * 4 + [False]  # a 4-token copy
+    assert m.echo_mask(prompt, [9, 2, 3, 4, 5, 6, 9]) == [False] + [True] * 5 + [False]
+    assert m.echo_mask(prompt, [4, 5, 6, 9]) == [False] * 4  # 3 tokens: too short to count
+    assert m.echo_mask(prompt, [6, 5, 4, 3]) == [False] * 4  # the prompt's tokens, not its text
+    assert m.echo_mask([1, 2], [1, 2]) == [False, False]
+
+
+def test_echo_split_on_hand_counts():
+    prompt = [1, 2, 3, 4, 5, 6]
+    tokens = [9, 3, 4, 5, 6, 9]  # echo mask: F T T T T F
+    spec = [{"tokens": tokens, "outcome": [1, 0, 1, 1, -1, 0]}]
+    out = m.echo_split(spec, [prompt])
+    assert out["echo_share"] == pytest.approx(4 / 6)
+    assert out["alpha_echo"] == pytest.approx(2 / 3)  # judged 0, 1, 1 (the -1 never judged)
+    assert out["alpha_new"] == pytest.approx(1 / 2)  # judged 1 and 0
+    assert m.echo_split([{"tokens": tokens, "outcome": None}], [prompt]) == {}
+    assert m.echo_split(spec, None) == {}
 
 
 def _counts(pairs):
@@ -160,6 +190,17 @@ def test_paired_acceptance_diff_interval_separates_only_consistent_wins():
     assert 0.2 < tie["share_a_better"] < 0.8
     # seeded: the same call gives the same interval
     assert m.paired_acceptance_diff(a, b, n_boot=500) == tie
+
+
+def test_paired_alpha_diff_counts_only_judged_drafts():
+    # k=4: a accepts 2 of 3 judged drafts on each prompt, b 1 of 2 (the rest never judged)
+    a = [{"accepted": 2, "proposed": 4, "reached_at": [1, 1, 1, 0]}] * 10
+    b = [{"accepted": 1, "proposed": 4, "reached_at": [1, 1, 0, 0]}] * 10
+    out = m.paired_acceptance_diff(a, b, n_boot=200)
+    assert out["diff"] == pytest.approx(2 / 4 - 1 / 4)
+    assert out["alpha_diff"] == pytest.approx(2 / 3 - 1 / 2)
+    assert out["alpha_ci95"] == pytest.approx([2 / 3 - 1 / 2] * 2)  # the same on every prompt
+    assert m.paired_acceptance_diff(_counts([(1, 4)]), _counts([(1, 4)]))["alpha_diff"] is None
 
 
 def test_paired_acceptance_diff_rejects_unpaired_inputs():

@@ -11,7 +11,15 @@ from draftsmith.evaluate.engine import SpeculativeDecoder
 from draftsmith.evaluate.teacher_forced import teacher_forced_results
 
 PROMPTS = [[5, 9, 3, 17, 11], [1, 2], [30, 7, 7, 7, 2, 19, 4]]
-COUNTS = ("tokens", "proposed", "accepted", "accepted_at", "reached_at", "target_forwards")
+COUNTS = (
+    "tokens",
+    "proposed",
+    "accepted",
+    "accepted_at",
+    "reached_at",
+    "target_forwards",
+    "outcome",  # per token: accepted draft / rejected draft / no draft judged
+)
 
 
 @pytest.mark.parametrize(
@@ -32,9 +40,20 @@ def test_teacher_forced_counts_equal_the_engine(seed, k, noise, eos):
     for f, e in zip(fast, engine):
         assert {c: f[c] for c in COUNTS} == {c: e[c] for c in COUNTS}
     # pooled figures agree too, so a ranking by either is the same ranking
-    s_fast = metrics.summarize(fast, fast, k)
-    s_engine = metrics.summarize(engine, engine, k)
-    for key in ("acceptance_rate", "alpha", "mean_accepted_length", "per_position_acceptance"):
+    ids = [r["prompt_ids"] for r in refs]  # the echo split too
+    s_fast, s_engine = (
+        metrics.summarize(fast, fast, k, ids),
+        metrics.summarize(engine, engine, k, ids),
+    )
+    for key in (
+        "acceptance_rate",
+        "alpha",
+        "mean_accepted_length",
+        "per_position_acceptance",
+        "echo_share",
+        "alpha_echo",
+        "alpha_new",
+    ):
         assert s_fast[key] == s_engine[key]
     assert 0 < s_fast["tokens_accepted"] < s_fast["tokens_proposed"]  # neither perfect nor useless
 
