@@ -266,6 +266,10 @@ class EvaluateConfig:
     backend: Literal["native", "vllm"] = "native"
     num_speculative_tokens: int = field(default=4, metadata=_range(ge=1, le=32))  # k for ranking
     k_sweep: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 6, 8])  # best checkpoint only
+    # Dynamic lookahead, swept beside k for the best draft: a round stops drafting after a
+    # token the draft gave less than this probability (at most max(k_sweep) per round).
+    # Measured by the engine on the engine's prompts; each threshold in (0, 1).
+    stop_thresholds: list[float] = field(default_factory=list)
     temperature: float = field(default=0.0, metadata=_range(ge=0))
     top_p: float = field(default=1.0, metadata=_range(gt=0, le=1))
     top_k: int = field(default=0, metadata=_range(ge=0))
@@ -287,7 +291,10 @@ class EvaluateConfig:
     baselines: list[str] = field(default_factory=list)  # extra drafts: model refs or dirs
     select_metric: Literal["acceptance_rate", "mean_accepted_length", "speedup"] = "acceptance_rate"
     on_mismatch: Literal["error", "warn"] = "error"  # greedy losslessness failures
-    cpu_few_row_linear: bool = True  # CPU: few-row matmuls as W @ x^T (draftsmith/fast_linear.py)
+    # CPU: few-row matmuls (verify passes) as W @ x^T instead of F.linear
+    # (draftsmith/fast_linear.py). auto: time both on the target, per forward width, once per
+    # run and machine (evaluate/timing.py choose_few_rows); true/false: always/never.
+    cpu_few_row_linear: bool | Literal["auto"] = "auto"
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
@@ -465,6 +472,11 @@ def _check_cross_fields(cfg: Config) -> None:
     for i, k in enumerate(cfg.evaluate.k_sweep):
         if not 1 <= k <= 32:
             raise ConfigError(f"evaluate.k_sweep[{i}]: must be between 1 and 32, got {k}")
+    for i, t in enumerate(cfg.evaluate.stop_thresholds):
+        if not 0 < t < 1:
+            raise ConfigError(
+                f"evaluate.stop_thresholds[{i}]: a probability strictly between 0 and 1, got {t}"
+            )
     for i, src in enumerate(cfg.data.sources):
         given = [n for n in ("builtin", "path", "hub") if getattr(src, n)]
         if len(given) != 1:

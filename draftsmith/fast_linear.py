@@ -44,11 +44,33 @@ def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    rows = x.numel() // self.in_features
-    if x.device.type != "cpu" or not 1 < rows <= MAX_ROWS:
-        return F.linear(x, self.weight, self.bias)
-    return few_row_linear(x, self.weight, self.bias)
+def _forward_for(rows_set):
+    """An nn.Linear forward that takes the W @ x^T form for these row counts on CPU."""
+
+    def forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if x.device.type != "cpu" or rows not in rows_set:
+            return F.linear(x, self.weight, self.bias)
+        return few_row_linear(x, self.weight, self.bias)
+
+    return forward
+
+
+class RowSwitch(set):
+    """A mutable set of row counts, read by the patched forwards at every call: a benchmark
+    flips one form on and off without patching again (evaluate/timing.py choose_few_rows)."""
+
+
+def few_row_counts(enabled) -> frozenset[int] | RowSwitch:
+    """The row counts the W @ x^T form is used for: True = 2..MAX_ROWS, False/None = none,
+    or an explicit collection (a per-machine choice: timing.choose_few_rows)."""
+    if isinstance(enabled, RowSwitch):
+        return enabled
+    if enabled is True:
+        return frozenset(range(2, MAX_ROWS + 1))
+    if not enabled:
+        return frozenset()
+    return frozenset(int(r) for r in enabled if int(r) > 1)
 
 
 def _linears(models) -> list[torch.nn.Linear]:
@@ -68,12 +90,15 @@ def _linears(models) -> list[torch.nn.Linear]:
 
 
 @contextmanager
-def cpu_few_row_linear(*models, enabled: bool = True) -> Iterator[None]:
-    """Inside the block the nn.Linear layers of `models` use few_row_linear for 2..MAX_ROWS
-    rows on CPU; nothing else changes, and everything is restored on exit (errors too)."""
-    patched = _linears(models) if enabled else []
+def cpu_few_row_linear(*models, enabled=True) -> Iterator[None]:
+    """Inside the block the nn.Linear layers of `models` use few_row_linear for the row
+    counts `enabled` names (few_row_counts: True = 2..MAX_ROWS) on CPU; nothing else
+    changes, and everything is restored on exit (errors too)."""
+    rows = few_row_counts(enabled)
+    patched = _linears(models) if rows or isinstance(rows, RowSwitch) else []
+    forward = _forward_for(rows)
     for m in patched:
-        m.forward = MethodType(_forward, m)
+        m.forward = MethodType(forward, m)
     try:
         yield
     finally:

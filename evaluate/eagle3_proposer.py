@@ -99,7 +99,7 @@ class Eagle3Proposer(Proposer):
             tokens.append(tok)
             if q is not None:
                 probs.append(q)
-            if i == k - 1:
+            if i == k - 1 or not self._keep_drafting(logits[0], tok, q):
                 break
             (logits, hidden), dt = timed(
                 lambda tok=tok, hidden=hidden: self.module.step(
@@ -122,6 +122,15 @@ class Eagle3Proposer(Proposer):
         rows = self.module.t2d.numel()
         scores = draft_logits_to_target(logits, self.module.d2t, rows)[: ctx.vocab]  # (V,)
         return ctx.select(scores, gen)
+
+    def _keep_drafting(self, logits: torch.Tensor, tok: torch.Tensor, q) -> bool:
+        """DraftContext.keep_drafting in the head's own vocabulary (greedy: the argmax's
+        softmax over the draft ids it may propose; sampling: q of the target id)."""
+        if q is not None:
+            return self.ctx.keep_drafting(q, tok[0], q)
+        if self.allowed is not None:
+            logits = logits.masked_fill(~self.allowed, float("-inf"))
+        return self.ctx.keep_drafting(logits, logits.argmax(-1), None)
 
     def crop(self, keep: int) -> None:
         crop_cache(self.cache, min(self.verified, keep))

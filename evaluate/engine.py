@@ -133,6 +133,10 @@ class DraftContext:
     sampling: SamplingConfig
     device: torch.device
     sync_device: torch.device | None  # CUDA: synchronize around timed forwards
+    # dynamic lookahead: a round stops drafting after a token the draft gave less than this
+    # probability (None: always k). The rule reads only the draft's own distribution, so
+    # rejection sampling stays exact (tests/test_specdec.py checks the joint law).
+    stop_below: float | None = None
 
     def select(self, scores: torch.Tensor, gen: torch.Generator):
         """scores (V,) over target ids -> (token (1,), q (V,) or None when greedy)."""
@@ -140,6 +144,15 @@ class DraftContext:
             return scores.argmax(-1, keepdim=True), None  # stays on device, no sync
         q = sampling_probs(scores, self.sampling)  # (V,)
         return torch.multinomial(q, 1, generator=gen), q
+
+    def keep_drafting(self, scores: torch.Tensor, index: torch.Tensor, q) -> bool:
+        """Whether the round drafts on after the token at `index` of `scores` (the draft's
+        logits in its own id space): its probability is q[index] when sampling, else the
+        softmax of the scores there; True when no threshold is set."""
+        if self.stop_below is None:
+            return True
+        prob = q[index] if q is not None else torch.softmax(scores.float(), -1)[index]
+        return bool(prob >= self.stop_below)
 
 
 def record_draft_forward(res: DecodeResult, seconds: float, n_tokens: int) -> None:
@@ -211,8 +224,10 @@ class IndependentProposer(Proposer):
             tokens.append(tok)
             if q is not None:
                 probs.append(q)
+            if not ctx.keep_drafting(logits, tok[0], q):
+                break
             ids = tok.view(1, 1)
-        return torch.cat(tokens), (torch.stack(probs) if probs else None)  # (k,), (k, V)
+        return torch.cat(tokens), (torch.stack(probs) if probs else None)  # (k',), (k', V)
 
     def _logits(self, ids: torch.Tensor) -> torch.Tensor:
         out = self.module(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._kw: self.cache})
@@ -251,8 +266,10 @@ class SpeculativeDecoder:
         verify_fn: VerifyFn | None = None,
         few_row_linear: bool = True,
         num_ids: int | None = None,
+        stop_below: float | None = None,
     ):
         self.target = target
+        self.stop_below = stop_below  # dynamic lookahead (DraftContext.stop_below)
         self.proposer = as_proposer(draft)
         self.k = k if self.proposer is not None else 0
         self.sampling = sampling or SamplingConfig()
@@ -354,7 +371,9 @@ class SpeculativeDecoder:
         hidden = self._prefill(t_cache, prompt)
         prop = self.proposer
         if prop is not None:
-            ctx = DraftContext(self.vocab, self.sampling, self.device, self._sync)
+            ctx = DraftContext(
+                self.vocab, self.sampling, self.device, self._sync, self.stop_below
+            )
             prop.prefill(ctx, prompt, hidden)
 
         seq = prompt  # committed tokens; the target's cache holds seq[:-1]

@@ -130,6 +130,45 @@ def costed_sweep_entry(acceptance: dict, engine: dict | None, costs: dict | None
     return entry
 
 
+def dynamic_sweep_entry(row: dict, costs: dict | None) -> dict:
+    """One sweep point of dynamic lookahead (a round drafts until the draft's confidence
+    falls under `stop_threshold`, at most k): everything from the engine's row, the modelled
+    speedup from its measured rounds and the timed costs.
+
+    The fixed-k model assumes k drafts per round; here a round drafts d = proposed / rounds
+    on average, so the cost of a round is d c + v, v taken at the smallest swept width that
+    holds d drafts (an overestimate: v grows with width), and the gain is the measured tokens
+    per target forward: modelled = tokens_per_forward / (d c + v), per timing repeat.
+    """
+    entry = {
+        **sweep_entry(row),
+        "stop_threshold": row["stop_threshold"],
+        "num_prompts": row["num_prompts"],
+        "acceptance_measured_by": row["measured_by"],
+        "speedup_iqr": row.get("speedup_iqr"),
+        "engine_prompts": row["num_prompts"],
+        "modelled_speedup": None,
+        "modelled_speedup_verify": None,
+    }
+    forwards, tpf = row.get("target_forwards"), row.get("mean_accepted_length")
+    if not costs or not forwards or tpf is None:
+        return entry
+    d = row["tokens_proposed"] / forwards
+    swept = sorted(int(k) for k in costs["v"])
+    k_v = next((k for k in swept if k >= d), swept[-1])
+    cs, vs = costs["c"], costs["v"][str(k_v)]
+    verify = metrics.quartiles([tpf / (d * c + v) for c, v in zip(cs, vs)])
+    entry |= {
+        "drafts_per_round": d,
+        "draft_cost_ratio": costs["draft_cost_ratio"][1],
+        "verify_cost_ratio": costs["verify_cost_ratio"][str(k_v)][1],
+        "modelled_speedup": metrics.quartiles([tpf / (d * c + 1) for c in cs])[1],
+        "modelled_speedup_verify": verify[1],
+        "modelled_speedup_iqr": [verify[0], verify[2]],
+    }
+    return entry
+
+
 # The figures a k can be chosen by, most stable first, each with its spread's key.
 K_RULES = (
     ("modelled_speedup_verify", "modelled_speedup_iqr"),
@@ -148,15 +187,20 @@ def _separated(a: dict, b: dict, key: str, spread: str | None) -> bool:
 def rank_ks(sweep: list[dict], key: str, spread: str | None) -> dict | None:
     """{"k", "by", "clear", "runner_up"}: the k with the highest `key` (ties: the smaller k);
     clear unless its spread overlaps the runner-up's. None when no entry has `key`."""
-    pool = sorted((s for s in sweep if s.get(key) is not None), key=lambda s: (-s[key], s["k"]))
+    pool = sorted(
+        (s for s in sweep if s.get(key) is not None),
+        key=lambda s: (-s[key], s["k"], s.get("stop_threshold") or 0.0),
+    )
     if not pool:
         return None
     second = pool[1] if len(pool) > 1 else None
     return {
         "k": pool[0]["k"],
+        "stop_threshold": pool[0].get("stop_threshold"),  # None: a fixed k
         "by": key,
         "clear": second is None or _separated(pool[0], second, key, spread),
         "runner_up": second["k"] if second else None,
+        "runner_up_stop_threshold": second.get("stop_threshold") if second else None,
     }
 
 
@@ -164,17 +208,31 @@ def recommend_k(sweep: list[dict]) -> dict:
     """The k to serve with: the highest modelled speedup with the timed verify cost (the
     measured speedup only where no model figure exists: vLLM), ties to the smaller k.
 
-    Returns {"k", "by", "clear", "runner_up", "wall_clock"}: `by` names the figure that
-    chose; `clear` is False when the
-    spreads are too wide to rank the winner above the runner-up; `wall_clock` ranks the
-    measured speedups the same way, reported beside the recommendation, not used for it.
+    Returns {"k", "by", "clear", "runner_up", "wall_clock", "dynamic"}: `k` is the best
+    fixed k (what vLLM's speculative_config takes); `by` names the figure that chose;
+    `clear` is False when the spreads are too wide to rank the winner above the runner-up;
+    `wall_clock` ranks the measured speedups the same way, reported beside the
+    recommendation, not used for it; `dynamic` is the best dynamic-lookahead point
+    ({"k", "stop_threshold", ...}) when one ranks above every fixed k, else None.
     """
+    fixed = [s for s in sweep if s.get("stop_threshold") is None]
     for key, spread in K_RULES:
-        choice = rank_ks(sweep, key, spread)
+        choice = rank_ks(fixed, key, spread)
         if choice is not None:
-            return {**choice, "wall_clock": rank_ks(sweep, "speedup", "speedup_iqr")}
+            overall = rank_ks(sweep, key, spread)
+            dynamic = overall if overall["stop_threshold"] is not None else None
+            wall = rank_ks(fixed, "speedup", "speedup_iqr")
+            return {**choice, "wall_clock": wall, "dynamic": dynamic}
     # nothing timed at all (no tokens decoded): the first k swept, marked unranked
-    return {"k": sweep[0]["k"], "by": None, "clear": False, "runner_up": None, "wall_clock": None}
+    first = fixed[0] if fixed else sweep[0]
+    return {
+        "k": first["k"],
+        "by": None,
+        "clear": False,
+        "runner_up": None,
+        "wall_clock": None,
+        "dynamic": None,
+    }
 
 
 def draft_path(draft: dict) -> str:

@@ -164,7 +164,7 @@ def format_sweep(board: dict) -> list[str]:
     lines = []
     for s in board.get("k_sweep", []):
         parts = [
-            f"k={s['k']}: accept {_cell(s.get('acceptance_rate'), '{:.3f}')}",
+            f"{sweep_label(s)}: accept {_cell(s.get('acceptance_rate'), '{:.3f}')}",
             f"tok/fwd {_cell(s.get('mean_accepted_length'), '{:.2f}')}",
             f"modelled {_cell(s.get('modelled_speedup_verify'), '{:.2f}x')} "
             f"[{_cell(s.get('modelled_speedup_iqr'), '{:.2f}')}] "
@@ -199,7 +199,19 @@ def format_recommendation(board: dict) -> str:
     if wall and rec["by"] != "speedup":
         verdict = "clear" if wall["clear"] else "spread too wide to rank"
         line += f". Wall clock ranks k={wall['k']} first ({verdict})"
+    dyn = rec.get("dynamic")
+    if dyn:
+        line += (
+            f". Dynamic lookahead ranks above every fixed k: at most k={dyn['k']}, stopping "
+            f"after a draft below probability {dyn['stop_threshold']:g}"
+        )
     return line
+
+
+def sweep_label(entry: dict) -> str:
+    """k=4, or k<=6 stop<0.5 for a dynamic-lookahead point."""
+    t = entry.get("stop_threshold")
+    return f"k={entry['k']}" if t is None else f"k<={entry['k']} stop<{t:g}"
 
 
 def format_table(board: dict) -> str:

@@ -60,10 +60,12 @@ from draftsmith.evaluate.ranking import (
     check_lossless,
     costed_sweep_entry,
     draft_path,
+    dynamic_sweep_entry,
     pick_best,
     rankable,
     recommend_k,
 )
+from draftsmith.fast_linear import few_row_counts
 from draftsmith.io import atomic_write_json, clean_stale_temps, kill_hook
 from draftsmith.kinds import kind_of
 from draftsmith.models import (
@@ -207,6 +209,7 @@ class NativeEvaluator:
         self.sampling = _sampling(cfg)
         self._draft_cache: dict[str, object] = {}
         self._passes: dict[tuple, list[dict]] = {}
+        self.kernels: dict | None = None  # evaluate.cpu_few_row_linear's choice (few_rows)
 
     def settings(self, prompts: list[dict]) -> dict:
         return _settings(self.cfg, prompts, self.target_path)
@@ -223,16 +226,53 @@ class NativeEvaluator:
     def _eos(self):
         return eos_token_ids(self.models.tokenizer(), self.models.target().generation_config)
 
-    def _decoder(self, proposer, k: int) -> SpeculativeDecoder:
+    def _decoder(self, proposer, k: int, stop_below: float | None = None) -> SpeculativeDecoder:
         return SpeculativeDecoder(
             self.models.target(),
             proposer,
             k=k,
             sampling=self.sampling,
             eos_ids=self._eos(),
-            few_row_linear=self.cfg.evaluate.cpu_few_row_linear,
+            few_row_linear=self.few_rows() if proposer is not None else False,
             num_ids=token_id_count(self.models.tokenizer()),
+            stop_below=stop_below,
         )
+
+    def few_rows(self) -> list[int]:
+        """The forward widths whose matmuls take the W @ x^T form (evaluate.cpu_few_row_linear;
+        auto: timed against F.linear on the target once per run and machine, cached)."""
+        if self.kernels is None:
+            self.kernels = self._kernels()
+        return self.kernels["few_rows"]
+
+    def _kernels(self) -> dict:
+        ev, device = self.cfg.evaluate, self.models.device
+        if ev.cpu_few_row_linear != "auto" or device.type != "cpu":
+            rows = sorted(few_row_counts(ev.cpu_few_row_linear and device.type == "cpu"))
+            return {"few_rows": rows, "by": "config" if device.type == "cpu" else "device"}
+        widths = list(range(2, max([*ev.k_sweep, ev.num_speculative_tokens]) + 2))
+        settings = {
+            "target": _fingerprint(self.target_path),
+            "dtype": self.cfg.target.dtype,
+            "device": self.cfg.run.device,
+            "hardware": hardware(),
+            "widths": widths,
+        }
+        path = self.dir / f"kernels-{_settings_key(settings)}.json"
+
+        def make():
+            # the cost does not depend on the token values: a fixed 128-token context
+            vocab = token_id_count(self.models.tokenizer())
+            context = [t % vocab for t in range(1000, 1128)]
+            repeats = max(5, ev.cost_repeats // 3)
+            return {**timing.choose_few_rows(self.models.target(), context, widths, repeats)}
+
+        data = self._cached(path, settings, make)
+        print(
+            f"[evaluate] few-row matmuls (W @ x^T) measured faster at widths "
+            f"{data['few_rows'] or 'none'} of {widths}; F.linear elsewhere"
+        )
+        return {**data, "by": "measured"}
 
     def draft_model(self, draft: dict):
         """The module `draft`'s kind runs (an HF model, or an EAGLE-3 head on the target)."""
@@ -304,14 +344,27 @@ class NativeEvaluator:
 
     # -- the engine ---------------------------------------------------------------------------
 
-    def engine(self, draft: dict, name: str, prompts: list[dict], base: list[dict], k: int):
-        """{"lossless_match_rate", "results"} of `draft` at k on these prompts (cached)."""
+    def engine(
+        self,
+        draft: dict,
+        name: str,
+        prompts: list[dict],
+        base: list[dict],
+        k: int,
+        stop_below: float | None = None,
+    ):
+        """{"lossless_match_rate", "results"} of `draft` at k on these prompts (cached);
+        `stop_below`: dynamic lookahead (engine.DraftContext.stop_below)."""
         settings = {**self.settings(prompts), "draft": _fingerprint(draft["ref"]), "k": k}
         t = self.cfg.evaluate.temperature
-        path = self.dir / f"{_safe(draft['name'])}-{_safe(name)}-k{k}-t{t:g}.json"
+        stop = ""
+        if stop_below is not None:
+            settings["stop_below"], stop = stop_below, f"-stop{stop_below:g}"
+        path = self.dir / f"{_safe(draft['name'])}-{_safe(name)}-k{k}{stop}-t{t:g}.json"
 
         def make():
-            decoder = self._decoder(kind_of(draft).proposer(self.draft_model(draft)), k)
+            proposer = kind_of(draft).proposer(self.draft_model(draft))
+            decoder = self._decoder(proposer, k, stop_below)
             results = decode_prompts(decoder, prompts, self.cfg, f"{draft['name']} {name} k={k}")
             return {"results": results}
 
@@ -354,16 +407,27 @@ class NativeEvaluator:
         own, other = logits[base["tokens"][pos]], logits[spec["tokens"][pos]]
         return ((own - other).abs() / own.abs().clamp_min(1.0)).item()
 
-    def engine_row(self, draft: dict, name: str, prompts: list[dict], base: list[dict], k: int):
+    def engine_row(
+        self,
+        draft: dict,
+        name: str,
+        prompts: list[dict],
+        base: list[dict],
+        k: int,
+        stop_below: float | None = None,
+    ):
         """Greedy: the engine on the set's first evaluate.engine_max_prompts prompts (round
-        robin over categories), its counts checked against the replay's."""
+        robin over categories), its counts checked against the replay's (fixed k: the replay
+        has no dynamic lookahead to check against)."""
         chosen = {id(p) for p in select_prompts(prompts, self.cfg.evaluate.engine_max_prompts)}
         idx = [i for i, p in enumerate(prompts) if id(p) in chosen]
         sub, sub_base = [prompts[i] for i in idx], [base[i] for i in idx]
-        data = self.engine(draft, name, sub, sub_base, k)
+        data = self.engine(draft, name, sub, sub_base, k, stop_below)
         row = build_row(
             draft, data["results"], sub_base, self.cfg, k, name, "engine", data, prompts=sub
         )
+        if stop_below is not None:
+            return {**row, "stop_threshold": stop_below}
         replayed = self.replayed(draft, name, prompts, base, k)
         row["replay_match_rate"] = teacher_forced.check_replay(
             f"{draft['name']} on {name} at k={k}",
@@ -395,7 +459,7 @@ class NativeEvaluator:
             model = self.draft_model(draft)
             step = kind_of(draft).replay().draft_step(model, self.models.target, context, output[0])
             target = self.models.target()
-            few = ev.cpu_few_row_linear
+            few = self.few_rows()
             return timing.measure_costs(
                 target, step, context, output, settings["ks"], ev.cost_repeats, few, draft=model
             )
@@ -421,6 +485,15 @@ class NativeEvaluator:
                     draft, data["results"], base, self.cfg, k, name, "engine", data, prompts
                 )
             out.append(costed_sweep_entry(acc, eng, costs))
+        for t in ev.stop_thresholds:  # dynamic lookahead: the engine's own counts
+            k = max(ev.k_sweep)
+            if self.sampling.greedy:
+                row = self.engine_row(draft, name, prompts, base, k, t)
+            else:
+                data = self.engine(draft, name, prompts, base, k, t)
+                row = build_row(draft, data["results"], base, self.cfg, k, name, "engine", data)
+                row["stop_threshold"] = t
+            out.append(dynamic_sweep_entry(row, costs))
         return out, costs
 
 
@@ -638,6 +711,7 @@ def _native_board(cfg: Config, sets: dict, primary: str, drafts: list[dict], run
         "k_sweep": sweep,
         "costs": costs,
         "comparisons": comparisons,
+        "kernels": runner.kernels,
     }
 
 
@@ -741,6 +815,7 @@ def run_evaluate(cfg: Config) -> None:
         "k_recommendation": rec,
         "k_sweep": sweep,
         "costs": out["costs"],
+        "kernels": out.get("kernels"),  # which few-row matmul form the engine used, and why
         "hardware": hardware(),
         "target": cfg.target.model,
         "backend": ev.backend,

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from draftsmith.evaluate.metrics import quartiles
-from draftsmith.fast_linear import cpu_few_row_linear
+from draftsmith.fast_linear import RowSwitch, cpu_few_row_linear
 from draftsmith.kv_cache import cache_kwarg, crop_cache, new_cache
 
 # (run, reset): `run` is timed, `reset` (crop the cache back) is not
@@ -135,3 +135,42 @@ def measure_costs(
     with cpu_few_row_linear(target, draft, enabled=few_row_linear):
         times = interleaved(steps, repeats, sync=sync)
     return {"context_tokens": len(context), **cost_ratios(times, ks)}
+
+
+# ----------------------------------------------------------------------------- kernel choice
+
+
+@torch.inference_mode()
+def choose_few_rows(
+    model, context: Sequence[int], widths: Sequence[int], repeats: int, margin: float = 0.03
+) -> dict:
+    """Which form of the few-row matmul a forward over w tokens should take on this machine,
+    for each width w > 1 (a verify pass is k + 1 wide), by timing it.
+
+    The same cached forward runs through F.linear and through the W @ x^T form
+    (draftsmith/fast_linear.py), interleaved and repeated like the cost timing; W @ x^T is
+    chosen where its median is lower by more than `margin`. Which one wins depends on the
+    CPU, the BLAS and the dtype (in fp32 on one 2-core machine W @ x^T was 2x faster at 2-5
+    rows, on another of the same kind 2x slower; in bf16 F.linear won): measured, not assumed.
+    Returns {"few_rows": [w, ...], "ms": {w: {"F.linear": ms, "W@x^T": ms}}, "repeats"}.
+    """
+    widths = sorted({int(w) for w in widths if w > 1})
+    switch = RowSwitch()
+    feed = (list(context[-1:]) * max(widths, default=1))[: max(widths, default=1)]
+    steps: dict[str, Step] = {}
+    for w in widths:
+        run, reset = cached_forward(model, context, feed[:w])
+        steps[f"F.linear_{w}"] = (lambda run=run: (switch.clear(), run()), reset)
+        steps[f"W@x^T_{w}"] = (lambda run=run, w=w: (switch.clear(), switch.add(w), run()), reset)
+    times = {}
+    if steps:
+        with cpu_few_row_linear(model, enabled=switch):
+            times = interleaved(steps, repeats)
+    ms, chosen = {}, []
+    for w in widths:
+        plain = 1e3 * quartiles(times[f"F.linear_{w}"])[1]
+        few = 1e3 * quartiles(times[f"W@x^T_{w}"])[1]
+        ms[str(w)] = {"F.linear": plain, "W@x^T": few}
+        if few < plain * (1 - margin):
+            chosen.append(w)
+    return {"few_rows": chosen, "ms": ms, "repeats": repeats}

@@ -79,6 +79,14 @@ def test_yaml_exponent_without_dot_is_a_float(tmp_path):
         ("{}", ["evaluate.k_sweep=[0,4]"], "evaluate.k_sweep[0]: must be between 1 and 32"),
         (
             "{}",
+            ["evaluate.stop_thresholds=[0.5,1.0]"],
+            "evaluate.stop_thresholds[1]: a probability strictly between 0 and 1, got 1.0",
+        ),
+        ("{}", ["evaluate.stop_thresholds=[0]"], "evaluate.stop_thresholds[0]: a probability"),
+        ("{}", ["distill.train_layers=0"], "distill.train_layers: must be >= 1"),
+        ("{}", ["evaluate.cpu_few_row_linear=maybe"], "evaluate.cpu_few_row_linear: expected"),
+        (
+            "{}",
             ["distill.max_steps=10", "distill.save_steps=[4,11]"],
             "distill.save_steps[1]: must be between 1 and distill.max_steps (10), got 11",
         ),

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from draftsmith.config import config_from_dict
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.evaluate.prompts import select_prompts
-from draftsmith.evaluate.ranking import pick_best, recommend_k
+from draftsmith.evaluate.ranking import dynamic_sweep_entry, pick_best, recommend_k
 from draftsmith.evaluate.stage import run_evaluate
 
 PROMPTS = [
@@ -350,7 +350,15 @@ def test_recommended_k_follows_the_modelled_optimum_not_the_wall_clock():
         True,
     )
     # the wall clock would pick k=1, and its spread says it cannot rank
-    assert rec["wall_clock"] == {"k": 1, "by": "speedup", "clear": False, "runner_up": 2}
+    assert rec["wall_clock"] == {
+        "k": 1,
+        "stop_threshold": None,
+        "by": "speedup",
+        "clear": False,
+        "runner_up": 2,
+        "runner_up_stop_threshold": None,
+    }
+    assert rec["dynamic"] is None  # no dynamic-lookahead point was swept
     # overlapping model spreads: same k, flagged; an exact tie goes to the smaller k
     sweep[0]["modelled_speedup_iqr"] = [1.05, 1.23]
     assert recommend_k(sweep)["k"] == 2 and recommend_k(sweep)["clear"] is False
@@ -359,6 +367,51 @@ def test_recommended_k_follows_the_modelled_optimum_not_the_wall_clock():
     # nothing modelled (the vLLM backend): the measured speedup chooses
     vllm = [{"k": 1, "speedup": 1.2}, {"k": 4, "speedup": 1.6}, {"k": 8, "speedup": 1.4}]
     assert recommend_k(vllm)["k"] == 4 and recommend_k(vllm)["by"] == "speedup"
+
+
+def test_a_dynamic_lookahead_point_ranks_beside_the_fixed_ks_without_replacing_k():
+    sweep = [
+        _point(1, 1.10, [1.08, 1.12], 1.1, [1.0, 1.2]),
+        _point(2, 1.25, [1.22, 1.27], 1.2, [1.1, 1.3]),
+        {**_point(6, 1.40, [1.35, 1.45], 1.3, [1.2, 1.4]), "stop_threshold": 0.5},
+    ]
+    rec = recommend_k(sweep)
+    assert rec["k"] == 2  # the best fixed k: what vLLM's speculative_config takes
+    assert (rec["dynamic"]["k"], rec["dynamic"]["stop_threshold"]) == (6, 0.5)
+    sweep[2]["modelled_speedup_verify"] = 1.2  # below k=2: no dynamic recommendation
+    assert recommend_k(sweep)["dynamic"] is None
+
+
+def test_dynamic_sweep_entry_costs_the_drafts_its_rounds_made():
+    row = {
+        "num_speculative_tokens": 6,
+        "stop_threshold": 0.5,
+        "num_prompts": 2,
+        "measured_by": "engine",
+        "target_forwards": 10,
+        "tokens_proposed": 25,  # 2.5 drafts a round
+        "mean_accepted_length": 2.0,
+    }
+    costs = {
+        "c": [0.5, 0.5, 0.5],
+        "v": {"1": [1.0] * 3, "2": [1.1] * 3, "4": [1.2] * 3, "6": [1.3] * 3},
+        "draft_cost_ratio": [0.5, 0.5, 0.5],
+        "verify_cost_ratio": {"1": [1.0] * 3, "2": [1.1] * 3, "4": [1.2] * 3, "6": [1.3] * 3},
+    }
+    entry = dynamic_sweep_entry(row, costs)
+    assert entry["drafts_per_round"] == 2.5 and entry["verify_cost_ratio"] == 1.2  # width 4+1
+    assert entry["modelled_speedup_verify"] == pytest.approx(2.0 / (2.5 * 0.5 + 1.2))
+    assert entry["modelled_speedup"] == pytest.approx(2.0 / (2.5 * 0.5 + 1))
+
+
+def test_stop_thresholds_are_decoded_by_the_engine_and_ranked_in_the_sweep(run_dir, capsys):
+    run_evaluate(_cfg(run_dir, k_sweep=[1, 3], stop_thresholds=[0.5]))
+    board = _board(run_dir)
+    (dyn,) = [s for s in board["k_sweep"] if s.get("stop_threshold") is not None]
+    assert (dyn["k"], dyn["stop_threshold"], dyn["acceptance_measured_by"]) == (3, 0.5, "engine")
+    assert dyn["lossless_match_rate"] == 1.0 and dyn["modelled_speedup_verify"] is not None
+    assert [s["k"] for s in board["k_sweep"] if s.get("stop_threshold") is None] == [1, 3]
+    assert "k<=3 stop<0.5" in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------- eval sets
@@ -453,7 +506,8 @@ def _noisy_timer(costs: dict[str, float], seed: int):
 
     def time_step(name, run, sync):
         slow = 5.0 if rng.random() < 1 / 6 else 1.0
-        return costs[name] * slow * rng.lognormvariate(0.0, 0.25)
+        # the kernel choice's steps (F.linear_w, W@x^T_w) cost alike: either form will do
+        return costs.get(name, 1.0) * slow * rng.lognormvariate(0.0, 0.25)
 
     return time_step
 

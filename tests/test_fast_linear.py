@@ -101,11 +101,44 @@ def test_engine_tokens_and_counts_do_not_depend_on_it(k):
         SpeculativeDecoder(target, draft, k=k, eos_ids=[2], few_row_linear=flag).generate(
             [5, 7, 11, 13], 24
         )
-        for flag in (True, False)
+        for flag in (True, False, [3], [k + 1])  # always, never, and per-width choices
     ]
-    assert runs[0].tokens == runs[1].tokens
-    assert (runs[0].proposed, runs[0].accepted) == (runs[1].proposed, runs[1].accepted)
+    for other in runs[1:]:
+        assert other.tokens == runs[0].tokens
+        assert (other.proposed, other.accepted) == (runs[0].proposed, runs[0].accepted)
     assert runs[0].accepted > 0  # the draft is neither useless nor the check vacuous
+
+
+def test_only_the_chosen_widths_take_the_few_row_form(spy):
+    lin = torch.nn.Linear(8, 4, bias=False)
+    with cpu_few_row_linear(lin, enabled=[1, 3, 5]):  # 1 row is never routed
+        for rows in (1, 2, 3, 4, 5):
+            lin(torch.randn(rows, 8))
+    assert [rows for rows, _ in spy] == [3, 5]
+
+
+def test_choose_few_rows_picks_the_faster_form_per_width(monkeypatch, spy):
+    """The choice follows the clock: with W @ x^T injected as slower at width 2 and faster at
+    width 3, only 3 is chosen; both forms really run through the switch."""
+    from draftsmith.evaluate import timing
+
+    target, _ = tiny_pair(1)
+    seen = []
+
+    def fake_time(name, run, sync):
+        run()
+        seen.append(name)
+        form, width = name.rsplit("_", 1)
+        faster = (form == "W@x^T") == (width == "3")
+        return 1.0 if faster else 2.0
+
+    monkeypatch.setattr(timing, "time_step", fake_time)
+    out = timing.choose_few_rows(target, [5, 6, 7, 8], [1, 2, 3], repeats=4)
+    assert out["few_rows"] == [3]
+    assert out["ms"]["2"] == {"F.linear": 1000.0, "W@x^T": 2000.0}
+    assert sorted(set(seen)) == ["F.linear_2", "F.linear_3", "W@x^T_2", "W@x^T_3"]
+    assert {rows for rows, _ in spy} == {2, 3}  # the W@x^T steps really took that form
+    assert not any("forward" in vars(m) for m in target.modules())  # restored
 
 
 @pytest.mark.gpu

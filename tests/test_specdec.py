@@ -243,6 +243,37 @@ def test_speculative_sampling_matches_target_joint_distribution(sampling, check_
         assert pvalue(dec) < ALPHA, wrong.__name__
 
 
+def test_dynamic_lookahead_under_sampling_keeps_the_target_joint_distribution():
+    """Stopping a round on the draft's own confidence changes how many tokens are drafted,
+    never the law of what is emitted: the same chi-square test as fixed k (k=2 drafts at most
+    2, so rounds of 1 and of 2 drafts both feed the first two tokens)."""
+    target, draft = _peaky_pair()
+    prompt, sampling = [1, 5, 3], SamplingConfig(temperature=1.0)
+    expected = _exact_joint(target, prompt, sampling)
+    dec = SpeculativeDecoder(target, draft, k=2, sampling=sampling, stop_below=0.5)
+    assert joint_pvalue(dec, prompt, expected) > ALPHA
+    res = dec.generate(prompt, 24, seed=3)
+    assert res.proposed < 2 * res.target_forwards  # some rounds stopped early
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dynamic_lookahead_greedy_is_lossless_and_drafts_less(seed):
+    target, draft = tiny_pair(seed, noise=0.3)
+    prompt = [3, 9, 4]
+    ref = SpeculativeDecoder(target).generate(prompt, 30).tokens
+    fixed = SpeculativeDecoder(target, draft, k=6).generate(prompt, 30)
+    never = SpeculativeDecoder(target, draft, k=6, stop_below=0.0).generate(prompt, 30)
+    assert {k: v for k, v in never.to_dict().items() if "time" not in k} == {
+        k: v for k, v in fixed.to_dict().items() if "time" not in k
+    }  # a threshold of 0 never stops: the fixed-k decode, count for count
+    dyn = SpeculativeDecoder(target, draft, k=6, stop_below=0.6).generate(prompt, 30)
+    assert dyn.tokens == fixed.tokens == ref
+    assert dyn.proposed < fixed.proposed
+    always = SpeculativeDecoder(target, draft, k=6, stop_below=1.01).generate(prompt, 30)
+    assert always.tokens == ref and always.proposed <= always.target_forwards
+    assert always.reached_at[1:] == [0] * 5  # no token is that sure: one draft per round
+
+
 def test_sampling_is_reproducible_per_seed():
     target, draft = tiny_pair(5, noise=0.5)
     dec = SpeculativeDecoder(target, draft, k=3, sampling=SamplingConfig(temperature=1.0))
