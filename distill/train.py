@@ -343,12 +343,7 @@ def trainable_parameters(draft, freeze_embeddings: bool, train_layers: int | Non
         draft.get_input_embeddings().weight.requires_grad_(False)
         draft.get_output_embeddings().weight.requires_grad_(False)
     if train_layers is not None:
-        layers = getattr(getattr(draft, "model", None), "layers", None)
-        if layers is None:
-            raise ConfigError(
-                f"distill.train_layers: {type(draft).__name__} has no decoder layers "
-                "(model.layers) to choose from; set it to null"
-            )
+        layers = _decoder_layers(draft, "distill.train_layers")
         if train_layers > len(layers):
             raise ConfigError(
                 f"distill.train_layers: {train_layers} is more than the draft's {len(layers)} layers"
@@ -357,6 +352,16 @@ def trainable_parameters(draft, freeze_embeddings: bool, train_layers: int | Non
         for layer in layers[: len(layers) - train_layers]:
             layer.requires_grad_(False)
     return [p for p in draft.parameters() if p.requires_grad]
+
+
+def _decoder_layers(draft, key: str = "distill.lora_rank"):
+    layers = getattr(getattr(draft, "model", None), "layers", None)
+    if layers is None:
+        raise ConfigError(
+            f"{key}: {type(draft).__name__} has no decoder layers (model.layers) to choose "
+            "from; set it to null"
+        )
+    return layers
 
 
 def describe(draft, target_config, say) -> dict:
@@ -453,6 +458,7 @@ class IndependentTraining:
     distill/eagle3_train.py's Eagle3Training has the same methods for the eagle3 head."""
 
     name = "independent"
+    lora_resume: Path | None = None  # distill.lora_rank: the checkpoint whose adapters resume
 
     def draft_settings(self, cfg: Config) -> dict:
         """The draft keys that change what this kind trains (distill.checkpoint records them)."""
@@ -477,7 +483,11 @@ class IndependentTraining:
         return None  # target.dtype (models.load_target), the serving dtype: the draft copies it
 
     def load_draft(self, cfg, resume, target, target_tok, target_config, data, device):
-        """(draft, tokenizer, init description, extra meta): built fresh or resumed."""
+        """(draft, tokenizer, init description, extra meta): built fresh or resumed. With
+        adapters (distill.lora_rank) a resume starts from the init's weights (checkpoint-0,
+        which LoRA never changes); trainable_parameters then loads the adapters."""
+        if resume is not None and cfg.distill.lora_rank:
+            self.lora_resume, resume = resume, resume.parent / "checkpoint-0"
         draft, tok, init = load_draft(cfg, resume, target, target_tok, target_config, device)
         return draft, tok, init, {}
 
@@ -494,7 +504,22 @@ class IndependentTraining:
         return teacher, CompletionLogits(draft, num_ids)
 
     def trainable_parameters(self, cfg: Config, draft) -> list:
-        return trainable_parameters(draft, cfg.distill.freeze_embeddings, cfg.distill.train_layers)
+        dcfg = cfg.distill
+        params = trainable_parameters(draft, dcfg.freeze_embeddings, dcfg.train_layers)
+        if not dcfg.lora_rank:
+            return params
+        from draftsmith.distill import lora
+
+        trained = [
+            m for m in _decoder_layers(draft) if any(p.requires_grad for p in m.parameters())
+        ]
+        alpha = dcfg.lora_alpha or 2.0 * dcfg.lora_rank
+        params = lora.add_lora(draft, trained, dcfg.lora_rank, alpha)
+        if self.lora_resume is not None:
+            from safetensors.torch import load_file
+
+            lora.load_lora_state(draft, load_file(self.lora_resume / lora.LORA_FILE))
+        return params
 
     def loss_weights(self, cfg: Config) -> list[float]:
         return [1.0]
@@ -509,7 +534,15 @@ class IndependentTraining:
         """The checkpoint's model files (an HF model dir), written into a temp dir."""
 
         def write(path: Path) -> None:
-            tr.draft.save_pretrained(path)
+            if tr.cfg.distill.lora_rank:  # merged weights: a plain HF dir; adapters beside
+                from safetensors.torch import save_file
+
+                from draftsmith.distill import lora
+
+                tr.draft.save_pretrained(path, state_dict=lora.merged_state_dict(tr.draft))
+                save_file(lora.lora_state_dict(tr.draft), path / lora.LORA_FILE)
+            else:
+                tr.draft.save_pretrained(path)
             tr.tokenizer.save_pretrained(path)
 
         return write

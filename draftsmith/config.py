@@ -249,6 +249,11 @@ class DistillConfig:
     # freeze_embeddings): the backward pass then stops at the lowest trained layer, which is
     # what makes fine-tuning a pretrained draft (init=pretrained) cheaper on a CPU. null: all.
     train_layers: int | None = field(default=None, metadata=_range(ge=1))
+    # Low-rank adapters instead of full weights (distill/lora.py): rank r on every attention
+    # and MLP projection (of the last train_layers layers when set), scaled by lora_alpha / r
+    # (null: 2r); embeddings and head frozen. Checkpoints hold the merged weights. null: off.
+    lora_rank: int | None = field(default=None, metadata=_range(ge=1))
+    lora_alpha: float | None = field(default=None, metadata=_range(gt=0))
     save_every: int = field(default=50, metadata=_range(ge=1))
     # Extra steps to save at besides every save_every, e.g. log-spaced [8, 16, 32, 64] for
     # a curve of acceptance against teacher tokens (scripts/budget_curve.py --x tokens).
