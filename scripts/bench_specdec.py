@@ -8,6 +8,22 @@ checkpoint), --draft target (the target itself: a perfect draft, acceptance 1.0)
 a from_target initialisation (the target's first 2 layers; accepts ~1% untrained). Greedy,
 fixed k, the same prompts for all three; outputs must be identical. Prints tokens/s, ratios and
 measured vs modelled speedup. Targets: native >= 1.25x HF assisted; measured >= 0.9x modelled.
+
+Sweep mode (--sets): each decoder at each of its settings on real prompt sets, one run.
+
+    flock /tmp/draftsmith-bench.lock python scripts/bench_specdec.py \
+        --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \
+        --dtype bfloat16 --sets mtbench:coding mtbench:writing humaneval --prompts 3 \
+        --ks 1 2 3 4 6 --thresholds 0.3 0.5 --max-new-tokens 64
+
+A set is a builtin prompt source, optionally cut to one category (`mtbench:writing`); its
+first --prompts prompts (MT-bench: round robin; HumanEval: the first) are decoded by every
+decoder: target-only (native and transformers' plain generate), the native engine at every
+k and at max(ks) with each confidence threshold (engine.DraftContext.stop_below), and
+transformers' assisted generation at every k and with each threshold as its own
+assistant_confidence_threshold. Decoders are interleaved prompt by prompt (the order
+rotated each prompt), every output is checked token-identical to native target-only, and
+each decoder's best setting is compared with the other's best, per set and pooled.
 """
 
 from __future__ import annotations
@@ -84,12 +100,164 @@ def run_hf(target, draft, prompts, max_new, k, eos, pad):
     return outs, time.perf_counter() - start
 
 
+# ----------------------------------------------------------------------------- sweep mode
+
+
+def set_prompts(spec: str, tok, n: int) -> list[list[int]]:
+    """`mtbench:writing` -> the first n prompts of that builtin set (and category), templated."""
+    from draftsmith.config import PromptSource
+    from draftsmith.data.sources import encode as encode_text
+    from draftsmith.data.sources import load_source, render
+    from draftsmith.evaluate.prompts import select_prompts
+
+    builtin, _, category = spec.partition(":")
+    prompts = load_source(PromptSource(builtin=builtin), seed=0)
+    if category:
+        prompts = [p for p in prompts if p.category == category]
+        if not prompts:
+            raise SystemExit(f"--sets {spec}: no prompt of category {category!r}")
+    rows = [{"category": p.category, "prompt": p} for p in prompts]
+    picked = [r["prompt"] for r in select_prompts(rows, n)]
+    return [encode_text(render(p, tok, True, None), tok, True) for p in picked]
+
+
+def choose_kernels(target, args) -> list[int]:
+    """--few-row: the widths the W @ x^T form is used for (auto: timed, as evaluate does)."""
+    from draftsmith.evaluate.timing import choose_few_rows
+    from draftsmith.fast_linear import few_row_counts
+
+    if args.few_row in ("on", "off"):
+        return sorted(few_row_counts(args.few_row == "on"))
+    widths = list(range(2, max(args.ks) + 2))
+    vocab = target.config.get_text_config().vocab_size
+    context = [t % vocab for t in range(1000, 1128)]  # the cost does not depend on the ids
+    return choose_few_rows(target, context, widths, repeats=5)["few_rows"]
+
+
+def decoders(target, draft, args, eos, pad):
+    """{name: fn(prompt_ids) -> (tokens, seconds, result dict or None)}: every setting."""
+
+    def native(k=0, stop=None, use_draft=True):
+        dec = SpeculativeDecoder(
+            target,
+            draft if use_draft else None,
+            k=k,
+            eos_ids=eos,
+            few_row_linear=args.few_row,
+            stop_below=stop,
+        )
+
+        def run(ids):
+            start = time.perf_counter()
+            r = dec.generate(ids, args.max_new_tokens)
+            return r.tokens, time.perf_counter() - start, r.to_dict()
+
+        return run
+
+    def hf(k=0, stop=0.0, use_draft=True):
+        def run(ids):
+            kw = dict(
+                max_new_tokens=args.max_new_tokens,
+                do_sample=False,
+                eos_token_id=sorted(eos),
+                pad_token_id=pad,
+            )
+            if use_draft:
+                draft.generation_config.update(
+                    **{**fixed_k_assistant(k), "assistant_confidence_threshold": stop}
+                )
+                kw.update(assistant_model=draft)
+            start = time.perf_counter()
+            with torch.inference_mode():
+                out = target.generate(torch.tensor([ids], device=target.device), **kw)
+            return out[0, len(ids) :].tolist(), time.perf_counter() - start, None
+
+        return run
+
+    k_max = max(args.ks)
+    out = {"native target-only": native(use_draft=False), "HF plain": hf(use_draft=False)}
+    out |= {f"native k={k}": native(k) for k in args.ks}
+    out |= {f"native k<={k_max} stop<{t:g}": native(k_max, t) for t in args.thresholds}
+    out |= {f"HF assisted k={k}": hf(k) for k in args.ks}
+    out |= {f"HF assisted k<={k_max} stop<{t:g}": hf(k_max, t) for t in args.thresholds}
+    return out
+
+
+def sweep(target, draft, tok, args, eos) -> None:
+    runs = decoders(target, draft, args, eos, tok.pad_token_id)
+    names = list(runs)
+    sets = {spec: set_prompts(spec, tok, args.prompts) for spec in args.sets}
+    for run in runs.values():  # warm-up: allocator, lazy kernels
+        run(next(iter(sets.values()))[0][:32])
+    seconds = {(s, n): 0.0 for s in sets for n in names}
+    tokens = dict.fromkeys(sets, 0)
+    results = {(s, n): [] for s in sets for n in names}
+    i = 0
+    for spec, prompts in sets.items():
+        for ids in prompts:
+            order = names[i % len(names) :] + names[: i % len(names)]  # rotated each prompt
+            i += 1
+            outs = {}
+            for name in order:
+                toks, dt, res = runs[name](ids)
+                outs[name] = toks
+                seconds[spec, name] += dt
+                if res is not None:
+                    results[spec, name].append(res)
+            ref = outs["native target-only"]
+            bad = [n for n, t in outs.items() if t != ref]
+            assert not bad, f"{spec}: outputs differ from native target-only: {bad}"
+            tokens[spec] += len(ref)
+    report_sweep(sets, names, seconds, tokens, results)
+
+
+def report_sweep(sets, names, seconds, tokens, results) -> None:
+    print(f"\noutputs identical across all {len(names)} decoders on every prompt")
+    pooled = {n: sum(seconds[s, n] for s in sets) for n in names}
+    for label, secs, toks in [
+        *((s, {n: seconds[s, n] for n in names}, tokens[s]) for s in sets),
+        ("pooled", pooled, sum(tokens.values())),
+    ]:
+        base = toks / secs["native target-only"]
+        print(f"\n== {label}: {toks} tokens, native target-only {base:.2f} tokens/s")
+        for n in names:
+            tps = toks / secs[n]
+            extra = ""
+            rs = (
+                [r for s in sets for r in results[s, n]]
+                if label == "pooled"
+                else results.get((label, n), [])
+            )
+            if rs and rs[0]["k"]:
+                m = metrics.summarize(rs, rs, rs[0]["k"])
+                extra = (
+                    f"  alpha {m['alpha']:.3f}, {m['mean_accepted_length']:.2f} tokens/forward, "
+                    f"{m['tokens_proposed'] / max(1, m['target_forwards']):.2f} drafts/round"
+                )
+            print(f"  {n:28s} {tps:6.2f} tokens/s  {tps / base:5.2f}x{extra}")
+        best_native = max((n for n in names if n.startswith("native k")), key=lambda n: -secs[n])
+        best_hf = max((n for n in names if n.startswith("HF assisted")), key=lambda n: -secs[n])
+        print(
+            f"  best native ({best_native}) / best HF assisted ({best_hf}): "
+            f"{secs[best_hf] / secs[best_native]:.2f}x; best native / target-only "
+            f"{secs['native target-only'] / secs[best_native]:.2f}x"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--draft", default=None, help="checkpoint dir, or 'target' (perfect draft)")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--prompts", type=int, default=len(PROMPTS))
+    ap.add_argument("--prompts", type=int, default=len(PROMPTS), help="(per set with --sets)")
+    ap.add_argument("--sets", nargs="*", default=None, help="sweep mode: builtin[:category] ...")
+    ap.add_argument("--ks", nargs="*", type=int, default=[1, 2, 3, 4], help="sweep mode")
+    ap.add_argument("--thresholds", nargs="*", type=float, default=[], help="sweep mode")
+    ap.add_argument(
+        "--few-row",
+        default="auto",
+        help="sweep mode: few-row matmul widths (auto: timed here, as evaluate does; on; off)",
+    )
     ap.add_argument("--target", default="smollm2-135m-instruct", help="registry name or dir")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     ap.add_argument(
@@ -106,6 +274,12 @@ def main() -> None:
     path = resolve_model(args.target, "--target")
     tok = load_target_tokenizer(target_cfg)
     target = load_target(target_cfg, device, dtype)
+    if args.sets:
+        draft = load_model(args.draft, device=device, dtype=dtype, key="--draft")
+        eos = eos_token_ids(tok, target.generation_config)
+        args.few_row = choose_kernels(target, args)
+        print(f"target {path}, draft {args.draft}, {args.dtype}, few-row widths {args.few_row}")
+        return sweep(target, draft, tok, args, eos)
     if args.draft == "target":
         draft, name = target, "target itself (perfect draft)"
     elif args.draft:
