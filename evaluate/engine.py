@@ -371,9 +371,7 @@ class SpeculativeDecoder:
         hidden = self._prefill(t_cache, prompt)
         prop = self.proposer
         if prop is not None:
-            ctx = DraftContext(
-                self.vocab, self.sampling, self.device, self._sync, self.stop_below
-            )
+            ctx = DraftContext(self.vocab, self.sampling, self.device, self._sync, self.stop_below)
             prop.prefill(ctx, prompt, hidden)
 
         seq = prompt  # committed tokens; the target's cache holds seq[:-1]

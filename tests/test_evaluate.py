@@ -287,12 +287,12 @@ def test_lossless_failure_names_prompt_and_position(run_dir, monkeypatch):
     ):
         run_evaluate(_cfg(run_dir))
     # the decoding is kept: a rerun checks the same outputs without decoding them again
-    from draftsmith.evaluate import stage
+    from draftsmith.evaluate import native
 
     def no_decoding(*a, **kw):
         raise AssertionError("decoded again")
 
-    monkeypatch.setattr(stage, "decode_prompts", no_decoding)
+    monkeypatch.setattr(native, "decode_prompts", no_decoding)
     with pytest.raises(DraftsmithError, match="checkpoint-0: greedy speculative output differs"):
         run_evaluate(_cfg(run_dir))
 

@@ -148,7 +148,7 @@ def test_vllm_backend_perfect_draft(tmp_path):
     assert rows[0]["acceptance_rate"] > 0.9 and sweep[0]["k"] == 2
     assert (rows[0]["eval_set"], rows[0]["measured_by"]) == ("heldout", "engine")
     # evaluate.baselines: [target] in vLLM: every drafted token accepted, never the best
-    from draftsmith.evaluate.stage import check_self_draft
+    from draftsmith.evaluate.board import check_self_draft
 
     assert rows[1]["role"] == "sanity" and best["checkpoint"] != "target-as-draft"
     assert check_self_draft(rows, "error") == [

@@ -180,7 +180,7 @@ def test_list_drafts_carries_each_kind(tmp_path):
 
 
 def test_comparisons_pair_drafts_within_their_kind():
-    from draftsmith.evaluate.stage import compare_drafts
+    from draftsmith.evaluate.board import compare_drafts
 
     def res(acc):
         return [{"accepted": a, "proposed": 4} for a in acc]

@@ -1,0 +1,461 @@
+"""The native evaluation run: the models, its cached results and the NativeEvaluator.
+
+NativeEvaluator runs and caches the torch engine, each kind's teacher-forced replay and the
+cost timing for the evaluate stage (evaluate/stage.py has the flow, evaluate/board.py turns
+results into leaderboard rows). Cache files live in <out>/eval/results/:
+`target-only-<set>-<settings>.json`, `<draft>-<set>-tf.json` (the teacher-forced pass;
+`-tf-k<k>.json` for a kind whose pass depends on k), `<draft>-<set>-k<k>[-stop<t>]-t<temperature>.json`
+(the engine), `costs-<draft>-<settings>.json` (the timing), `kernels-<settings>.json` (the
+few-row matmul choice) and `turn1-answers-<set>-<settings>.json`, each holding the settings
+they were measured under; a file whose settings differ (other prompts, max_new_tokens,
+target, a rewritten checkpoint) is measured again. Models are identified by content
+(models.model_fingerprint), so a copied run dir reuses its results. Writes are atomic, so a
+killed run leaves no half result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import zlib
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from draftsmith.config import Config
+from draftsmith.evaluate import teacher_forced, timing
+from draftsmith.evaluate.board import build_row, hardware
+from draftsmith.evaluate.engine import SamplingConfig, SpeculativeDecoder
+from draftsmith.evaluate.prompts import select_prompts
+from draftsmith.evaluate.ranking import check_lossless, costed_sweep_entry, dynamic_sweep_entry
+from draftsmith.fast_linear import few_row_counts
+from draftsmith.io import atomic_write_json, kill_hook
+from draftsmith.kinds import kind_of
+from draftsmith.models import (
+    check_tokenizers_compatible,
+    eos_token_ids,
+    load_model,
+    load_target,
+    load_target_tokenizer,
+    load_tokenizer,
+    model_fingerprint,
+    pick_device,
+    pick_dtype,
+    resolve_model,
+)
+from draftsmith.vocab import token_id_count
+
+# ----------------------------------------------------------------------------- cache keys
+
+
+def fingerprint(ref: str) -> str:
+    """A model's content fingerprint; a hub id or registry name stands for itself."""
+    return model_fingerprint(ref) or ref
+
+
+def prompts_key(prompts: list[dict]) -> str:
+    ids = [[p["id"], p["prompt_ids"]] for p in prompts]
+    return hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]
+
+
+def run_settings(cfg: Config, prompts: list[dict], target_path: str) -> dict:
+    ev = cfg.evaluate
+    return {
+        "backend": ev.backend,
+        "target": fingerprint(target_path),
+        "revision": cfg.target.revision,
+        "prompts": prompts_key(prompts),
+        "max_new_tokens": ev.max_new_tokens,
+        "temperature": ev.temperature,
+        "top_p": ev.top_p,
+        "top_k": ev.top_k,
+        "seed": cfg.run.seed,
+        "device": cfg.run.device,
+        "dtype": cfg.target.dtype,
+        "cpu_few_row_linear": ev.cpu_few_row_linear,  # changes timings, not tokens
+    }
+
+
+def settings_key(settings: dict) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "--", name).strip("-")
+
+
+def load_cached(path: Path, settings: dict) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    return data if data.get("settings") == settings else None
+
+
+def prompt_seed(seed: int, prompt_id) -> int:
+    """A per-prompt seed that does not depend on which other prompts are evaluated."""
+    return zlib.crc32(f"{seed}:{prompt_id}".encode())
+
+
+# ----------------------------------------------------------------------------- the native run
+
+
+class Models:
+    """The target (and its tokenizer) loaded on first need: a fully cached rerun loads nothing."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.device = pick_device(cfg.run.device)
+        self.dtype = pick_dtype(cfg.target.dtype, self.device)
+        self._target = self._tok = None
+
+    def tokenizer(self):
+        if self._tok is None:
+            self._tok = load_target_tokenizer(self.cfg.target)
+        return self._tok
+
+    def target(self):
+        if self._target is None:
+            self._target = load_target(self.cfg.target, self.device, self.dtype)
+        return self._target
+
+    def draft(self, draft: dict):
+        """A draft on the target's device and dtype, once its tokenizer matches the target's.
+        The target drafting for itself is a second copy loaded as the target is (revision,
+        dtype), so the check exercises what the target run uses."""
+        if draft.get("role") == "sanity":
+            return load_target(self.cfg.target, self.device, self.dtype)
+        key, trust = draft.get("key", "checkpoint"), self.cfg.target.trust_remote_code
+        tok = load_tokenizer(draft["ref"], trust_remote_code=trust, key=key)
+        model = load_model(
+            draft["ref"], device=self.device, dtype=self.dtype, trust_remote_code=trust, key=key
+        )
+        for note in check_tokenizers_compatible(
+            self.tokenizer(),
+            tok,
+            self.cfg.target.model,
+            draft["name"],
+            draft_vocab_rows=model.get_input_embeddings().num_embeddings,
+        ):
+            print(f"[evaluate] {draft['name']}: note: {note}")
+        return model
+
+
+def sampling_of(cfg: Config) -> SamplingConfig:
+    ev = cfg.evaluate
+    return SamplingConfig(temperature=ev.temperature, top_p=ev.top_p, top_k=ev.top_k)
+
+
+def decode_prompts(decoder: SpeculativeDecoder, prompts: list[dict], cfg: Config, desc: str):
+    """Decode every prompt (after one short untimed warm-up) -> per-prompt result dicts."""
+    decoder.generate(prompts[0]["prompt_ids"], min(4, cfg.evaluate.max_new_tokens), seed=0)
+    out = []
+    for p in tqdm(prompts, desc=desc, leave=False, dynamic_ncols=True):
+        res = decoder.generate(
+            p["prompt_ids"], cfg.evaluate.max_new_tokens, seed=prompt_seed(cfg.run.seed, p["id"])
+        )
+        out.append({"id": p["id"], "category": p["category"], **res.to_dict()})
+    return out
+
+
+class NativeEvaluator:
+    """Runs and caches the torch engine, the teacher-forced replay and the cost timing."""
+
+    def __init__(self, cfg: Config, results_dir: Path, models: Models | None = None):
+        self.cfg, self.dir = cfg, results_dir
+        self.models = models or Models(cfg)
+        self.target_path = resolve_model(cfg.target.model, "target.model")
+        self.sampling = sampling_of(cfg)
+        self._draft_cache: dict[str, object] = {}
+        self._passes: dict[tuple, list[dict]] = {}
+        self.kernels: dict | None = None  # evaluate.cpu_few_row_linear's choice (few_rows)
+
+    def settings(self, prompts: list[dict]) -> dict:
+        return run_settings(self.cfg, prompts, self.target_path)
+
+    def _cached(self, path: Path, settings: dict, make) -> dict:
+        """The file's data when its settings match, else make() written there (atomically)."""
+        hit = load_cached(path, settings)
+        if hit is not None:
+            return hit
+        data = {"settings": settings, **make()}
+        atomic_write_json(path, data)
+        return data
+
+    def _eos(self):
+        return eos_token_ids(self.models.tokenizer(), self.models.target().generation_config)
+
+    def _decoder(self, proposer, k: int, stop_below: float | None = None) -> SpeculativeDecoder:
+        return SpeculativeDecoder(
+            self.models.target(),
+            proposer,
+            k=k,
+            sampling=self.sampling,
+            eos_ids=self._eos(),
+            few_row_linear=self.few_rows() if proposer is not None else False,
+            num_ids=token_id_count(self.models.tokenizer()),
+            stop_below=stop_below,
+        )
+
+    def few_rows(self) -> list[int]:
+        """The forward widths whose matmuls take the W @ x^T form (evaluate.cpu_few_row_linear;
+        auto: timed against F.linear on the target once per run and machine, cached)."""
+        if self.kernels is None:
+            self.kernels = self._kernels()
+        return self.kernels["few_rows"]
+
+    def _kernels(self) -> dict:
+        ev, device = self.cfg.evaluate, self.models.device
+        if ev.cpu_few_row_linear != "auto" or device.type != "cpu":
+            rows = sorted(few_row_counts(ev.cpu_few_row_linear and device.type == "cpu"))
+            return {"few_rows": rows, "by": "config" if device.type == "cpu" else "device"}
+        widths = list(range(2, max([*ev.k_sweep, ev.num_speculative_tokens]) + 2))
+        settings = {
+            "target": fingerprint(self.target_path),
+            "dtype": self.cfg.target.dtype,
+            "device": self.cfg.run.device,
+            "hardware": hardware(),
+            "widths": widths,
+        }
+        path = self.dir / f"kernels-{settings_key(settings)}.json"
+
+        def make():
+            # the cost does not depend on the token values: a fixed 128-token context
+            vocab = token_id_count(self.models.tokenizer())
+            context = [t % vocab for t in range(1000, 1128)]
+            repeats = max(5, ev.cost_repeats // 3)
+            return {**timing.choose_few_rows(self.models.target(), context, widths, repeats)}
+
+        data = self._cached(path, settings, make)
+        print(
+            f"[evaluate] few-row matmuls (W @ x^T) measured faster at widths "
+            f"{data['few_rows'] or 'none'} of {widths}; F.linear elsewhere"
+        )
+        return {**data, "by": "measured"}
+
+    def draft_model(self, draft: dict):
+        """The module `draft`'s kind runs (an HF model, or an EAGLE-3 head on the target)."""
+        if draft["name"] not in self._draft_cache:  # keep one draft loaded
+            self._draft_cache = {draft["name"]: kind_of(draft).load(draft, self.models)}
+        return self._draft_cache[draft["name"]]
+
+    # -- the target alone -------------------------------------------------------------------
+
+    def baseline(self, name: str, prompts: list[dict]) -> list[dict]:
+        settings = self.settings(prompts)
+        path = self.dir / f"target-only-{safe_name(name)}-{settings_key(settings)}.json"
+
+        def make():
+            decoder = self._decoder(None, 0)
+            return {"results": decode_prompts(decoder, prompts, self.cfg, f"target-only {name}")}
+
+        return self._cached(path, settings, make)["results"]
+
+    # -- the teacher-forced replay (greedy) -------------------------------------------------
+
+    def teacher_forced(self, draft: dict, name: str, prompts: list[dict], base: list[dict], k):
+        """Per prompt the kind's teacher-forced record (with "margin") over the target's greedy
+        output (`base`): one pass for every k, or one per k for a kind whose pass depends on it."""
+        kind = kind_of(draft)
+        replay = kind.replay()
+        at = k if replay.per_k else None
+        key = (draft["name"], name, at)
+        if key in self._passes:
+            return self._passes[key]
+        settings = {
+            **self.settings(prompts),
+            "draft": fingerprint(draft["ref"]),
+            "replay": kind.name,
+        }
+        suffix = ""
+        if at is not None:
+            settings["k"], suffix = at, f"-k{at}"
+        path = self.dir / f"{safe_name(draft['name'])}-{safe_name(name)}-tf{suffix}.json"
+
+        def make():
+            model, vocab = self.draft_model(draft), token_id_count(self.models.tokenizer())
+            budget = self.cfg.evaluate.max_new_tokens
+            out = []
+            for p, b in zip(prompts, base):
+                record = replay.teacher_forced_pass(
+                    model, self.models.target, p["prompt_ids"], b["tokens"], vocab, k, budget
+                )
+                out.append({"id": p["id"], **record})
+            return {"results": out}
+
+        results = self._cached(path, settings, make)["results"]
+        kill_hook(f"evaluate:{draft['name']}:{name}:tf")
+        self._passes[key] = results
+        return results
+
+    def replayed(self, draft: dict, name: str, prompts: list[dict], base: list[dict], k: int):
+        """Per-prompt results with the engine's count fields at k, from the replay."""
+        budget, replay = self.cfg.evaluate.max_new_tokens, kind_of(draft).replay()
+        return [
+            {
+                "id": b["id"],
+                "category": b["category"],
+                "margin": a["margin"],
+                **replay.result(a, b["tokens"], k, budget),
+            }
+            for a, b in zip(self.teacher_forced(draft, name, prompts, base, k), base)
+        ]
+
+    # -- the engine ---------------------------------------------------------------------------
+
+    def engine(
+        self,
+        draft: dict,
+        name: str,
+        prompts: list[dict],
+        base: list[dict],
+        k: int,
+        stop_below: float | None = None,
+    ):
+        """{"lossless_match_rate", "results"} of `draft` at k on these prompts (cached);
+        `stop_below`: dynamic lookahead (engine.DraftContext.stop_below)."""
+        settings = {**self.settings(prompts), "draft": fingerprint(draft["ref"]), "k": k}
+        t = self.cfg.evaluate.temperature
+        stop = ""
+        if stop_below is not None:
+            settings["stop_below"], stop = stop_below, f"-stop{stop_below:g}"
+        path = self.dir / f"{safe_name(draft['name'])}-{safe_name(name)}-k{k}{stop}-t{t:g}.json"
+
+        def make():
+            proposer = kind_of(draft).proposer(self.draft_model(draft))
+            decoder = self._decoder(proposer, k, stop_below)
+            results = decode_prompts(decoder, prompts, self.cfg, f"{draft['name']} {name} k={k}")
+            return {"results": results}
+
+        # decoded outputs are cached before they are checked: a failed check loses no
+        # decoding, and a rerun (e.g. with on_mismatch=warn) checks the same outputs again
+        data = self._cached(path, settings, make)
+        kill_hook(f"evaluate:{draft['name']}:{name}:k{k}")
+        rate, ties = None, None  # sampled: no token-for-token check
+        if self.sampling.greedy:
+            prompt_ids = {p["id"]: p["prompt_ids"] for p in prompts}
+            rate, ties = check_lossless(
+                draft["name"],
+                data["results"],
+                base,
+                self.cfg.evaluate.on_mismatch,
+                tie_gap=lambda s, b, pos: self._target_gap(prompt_ids[b["id"]], s, b, pos),
+                tolerance=self.near_tie,
+                where=f"; decoded outputs kept in {path} (delete it to decode again)",
+            )
+        return {**data, "lossless_match_rate": rate, "lossless_ties": ties}
+
+    @property
+    def near_tie(self) -> float:
+        """How close two logits may be for another summation order to argmax otherwise:
+        sqrt of the target dtype's machine epsilon, relative (3.5e-4 fp32, 0.088 bf16)."""
+        return math.sqrt(torch.finfo(self.models.dtype).eps)
+
+    def _target_gap(self, prompt_ids, spec: dict, base: dict, pos: int) -> float | None:
+        """The target's relative logit gap between its own token and the speculative one at
+        a first divergence, from one forward over the prompt and the shared prefix (a third
+        summation order beside the verify pass and the 1-token decode). None where one
+        output merely ends earlier: no two tokens to compare."""
+        if pos >= min(len(spec["tokens"]), len(base["tokens"])):
+            return None
+        target = self.models.target()
+        ids = list(prompt_ids) + list(base["tokens"][:pos])
+        with torch.no_grad():
+            out = target(input_ids=torch.tensor([ids], device=target.device), logits_to_keep=1)
+        logits = out.logits[0, -1].float()  # (V,)
+        own, other = logits[base["tokens"][pos]], logits[spec["tokens"][pos]]
+        return ((own - other).abs() / own.abs().clamp_min(1.0)).item()
+
+    def engine_row(
+        self,
+        draft: dict,
+        name: str,
+        prompts: list[dict],
+        base: list[dict],
+        k: int,
+        stop_below: float | None = None,
+    ):
+        """Greedy: the engine on the set's first evaluate.engine_max_prompts prompts (round
+        robin over categories), its counts checked against the replay's (fixed k: the replay
+        has no dynamic lookahead to check against)."""
+        chosen = {id(p) for p in select_prompts(prompts, self.cfg.evaluate.engine_max_prompts)}
+        idx = [i for i, p in enumerate(prompts) if id(p) in chosen]
+        sub, sub_base = [prompts[i] for i in idx], [base[i] for i in idx]
+        data = self.engine(draft, name, sub, sub_base, k, stop_below)
+        row = build_row(
+            draft, data["results"], sub_base, self.cfg, k, name, "engine", data, prompts=sub
+        )
+        if stop_below is not None:
+            return {**row, "stop_threshold": stop_below}
+        replayed = self.replayed(draft, name, prompts, base, k)
+        row["replay_match_rate"] = teacher_forced.check_replay(
+            f"{draft['name']} on {name} at k={k}",
+            data["results"],
+            [replayed[i] for i in idx],
+            sub_base,
+            near_tie=self.near_tie,
+        )
+        return row
+
+    # -- costs and the k sweep ----------------------------------------------------------------
+
+    def costs(self, draft: dict, prompts: list[dict], base: list[dict], ks: list[int]) -> dict:
+        """c and v_k of `draft`, timed on the set's median-length prompt + the target's output."""
+        ev = self.cfg.evaluate
+        settings = {
+            **self.settings(prompts),
+            "draft": fingerprint(draft["ref"]),
+            "ks": sorted(set(ks)),
+            "repeats": ev.cost_repeats,
+        }
+        path = self.dir / f"costs-{safe_name(draft['name'])}-{settings_key(settings)}.json"
+
+        def make():
+            order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]["prompt_ids"]))
+            i = order[len(order) // 2]
+            output = base[i]["tokens"]
+            context = list(prompts[i]["prompt_ids"]) + list(output)
+            model = self.draft_model(draft)
+            step = kind_of(draft).replay().draft_step(model, self.models.target, context, output[0])
+            target = self.models.target()
+            few = self.few_rows()
+            return timing.measure_costs(
+                target, step, context, output, settings["ks"], ev.cost_repeats, few, draft=model
+            )
+
+        return self._cached(path, settings, make)
+
+    def sweep(self, draft: dict, name: str, prompts: list[dict], base: list[dict]):
+        """The k sweep of `draft` on one set: acceptance per k on every prompt (replayed when
+        greedy), the engine's wall clock, and the modelled speedup from the timed costs."""
+        ev = self.cfg.evaluate
+        costs = self.costs(draft, prompts, base, ev.k_sweep)
+        out = []
+        for k in ev.k_sweep:
+            if self.sampling.greedy:
+                results = self.replayed(draft, name, prompts, base, k)
+                acc = build_row(
+                    draft, results, base, self.cfg, k, name, "teacher_forced", prompts=prompts
+                )
+                eng = self.engine_row(draft, name, prompts, base, k)
+            else:
+                data = self.engine(draft, name, prompts, base, k)
+                acc = eng = build_row(
+                    draft, data["results"], base, self.cfg, k, name, "engine", data, prompts
+                )
+            out.append(costed_sweep_entry(acc, eng, costs))
+        for t in ev.stop_thresholds:  # dynamic lookahead: the engine's own counts
+            k = max(ev.k_sweep)
+            if self.sampling.greedy:
+                row = self.engine_row(draft, name, prompts, base, k, t)
+            else:
+                data = self.engine(draft, name, prompts, base, k, t)
+                row = build_row(draft, data["results"], base, self.cfg, k, name, "engine", data)
+                row["stop_threshold"] = t
+            out.append(dynamic_sweep_entry(row, costs))
+        return out, costs
