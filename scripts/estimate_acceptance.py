@@ -29,8 +29,8 @@ import torch
 from draftsmith.config import load_config
 from draftsmith.distill import list_checkpoints
 from draftsmith.evaluate import metrics
-from draftsmith.evaluate.prompts import eval_sets, load_prompts
 from draftsmith.evaluate.native import Models, NativeEvaluator
+from draftsmith.evaluate.prompts import eval_sets, load_prompts
 from draftsmith.kinds import KINDS, checkpoint_kind, teacher_forced_results
 from draftsmith.models import load_target_config
 

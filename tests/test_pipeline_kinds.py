@@ -92,8 +92,8 @@ def test_both_kinds_trained_and_ranked_on_one_leaderboard(both_run):
 def test_eagle3_engine_counts_equal_the_teacher_forced_replay(both_run):
     """Every eagle3 row's per-prompt counts from real decoding equal kinds'
     teacher-forced replay (one target forward + the head's steps) on the target's output."""
-    from draftsmith.evaluate.prompts import list_drafts, load_prompts
     from draftsmith.evaluate.native import Models
+    from draftsmith.evaluate.prompts import list_drafts, load_prompts
     from draftsmith.kinds import teacher_forced_results
     from draftsmith.vocab import token_id_count
 
