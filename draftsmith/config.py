@@ -75,15 +75,13 @@ class Eagle3Config:
     # (it needs n >= 7: a 4-layer test target must list them, e.g. [1, 2, 3]).
     aux_layer_ids: list[int] | None = None
     # The head predicts only the target's draft_vocab_size most frequent tokens in the
-    # training data (draftsmith/draft_vocab.py). 8192: on SmolLM2 (49k ids) it accepted as
-    # much as 16384 on MT-bench at 36% less draft cost; 32000 accepted a little more but
-    # cost more than it gained (README, "Choosing the head's defaults").
+    # training data (draftsmith/draft_vocab.py); the default was chosen by measurement
+    # (README, "Choosing the head's defaults").
     draft_vocab_size: int = field(default=8192, metadata=_range(ge=1))
     # Training-time test: drafting steps unrolled per position, step j reading the head's
     # own state of step j-1 (speculators' default 3). The loss sums the steps' token
-    # means, step j weighted ttt_loss_decay**j. 0.5 beat speculators' equal weights (1.0)
-    # on SmolLM2 by +0.035 alpha at k=1 and +0.010 at k=4; 1 step alone loses the later
-    # drafts (README, "Choosing the head's defaults").
+    # means, step j weighted ttt_loss_decay**j (1: speculators' equal weights; the default
+    # by measurement, README "Choosing the head's defaults").
     ttt_steps: int = field(default=3, metadata=_range(ge=1))
     ttt_loss_decay: float = field(default=0.5, metadata=_range(gt=0, le=1))
     # Residual from the normalised feature (true) or the raw one (false); vLLM reads a

@@ -4,10 +4,12 @@ Decoding multiplies every weight matrix by a handful of rows: the k+1 tokens of 
 pass, the two tokens a draft round may start with, one row per sequence of a decode batch.
 torch's F.linear hands BLAS the "x times W transposed" product, and for 2 to 64 rows the
 CPU BLAS behind torch can run it well below memory speed; the same product written as W
-times x transposed streams the weights once. On a CPU the verify pass's cost relative to a
-one-token forward is most of what speculative decoding can win or lose, so this matters
-there. `scripts/bench_linear.py` measures both forms side by side on the machine at hand
-(the README's Benchmarks section has the figures for the reference CPU).
+times x transposed can stream the weights once. Which form is faster depends on the CPU,
+its BLAS and the dtype: on one 2-core machine W @ x^T was up to 2x faster in fp32, on
+another of the same kind 2x slower, and in bf16 F.linear won. So the form is chosen per
+forward width by timing both on the target (evaluate/timing.py choose_few_rows, what
+evaluate.cpu_few_row_linear=auto does); `scripts/bench_linear.py` and
+`scripts/bench_costs.py` measure them side by side on the machine at hand.
 
 One row keeps F.linear (a matrix-vector product either way), so target-only decoding is
 untouched; GPUs and large batches keep F.linear too. Results equal F.linear's up to float
@@ -28,7 +30,7 @@ from types import MethodType
 import torch
 import torch.nn.functional as F
 
-MAX_ROWS = 64  # up to here the W @ x^T form measured faster (scripts/bench_linear.py)
+MAX_ROWS = 64  # the widest few-row forward the W @ x^T form is ever considered for
 
 
 def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):

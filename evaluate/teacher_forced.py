@@ -68,13 +68,6 @@ def relative_margin(logits: torch.Tensor) -> float:
     return ((top[:, 0] - top[:, 1]) / top[:, 0].abs().clamp_min(1.0)).min().item()
 
 
-def draft_agreement(
-    draft, prompt_ids: Sequence[int], target_tokens: Sequence[int], vocab: int | None = None
-) -> list[bool]:
-    """Per target output token: does the draft's teacher-forced argmax equal it?"""
-    return agreement_and_margin(draft, prompt_ids, target_tokens, vocab)[0]
-
-
 COUNT_KEYS = ("proposed", "accepted", "accepted_at", "reached_at", "target_forwards")
 
 
