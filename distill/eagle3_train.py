@@ -345,6 +345,9 @@ class Eagle3Training:
         """(teacher, the module accelerate prepares)."""
         return Eagle3Teacher(target, head), HeadUnroll(head, cfg.draft.eagle3.ttt_steps, num_ids)
 
+    def learning_rate(self, cfg: Config) -> float:
+        return cfg.draft.eagle3.lr or cfg.distill.lr
+
     def trainable_parameters(self, cfg: Config, head: Eagle3Head) -> list:
         return trainable_parameters(head, cfg.draft.eagle3.train_lm_head)
 

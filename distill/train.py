@@ -409,7 +409,9 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
     teacher, module = kind.training_modules(cfg, loss_name, draft, target, num_ids, acc.device)
     del target  # offline/CE: the target is not kept in memory
     optimizer = torch.optim.AdamW(
-        kind.trainable_parameters(cfg, draft), lr=dcfg.lr, weight_decay=dcfg.weight_decay
+        kind.trainable_parameters(cfg, draft),
+        lr=kind.learning_rate(cfg),
+        weight_decay=dcfg.weight_decay,
     )
     if dcfg.lr_schedule == "cosine":
         scheduler = get_cosine_schedule_with_warmup(optimizer, dcfg.warmup_steps, dcfg.max_steps)
@@ -502,6 +504,9 @@ class IndependentTraining:
             target.requires_grad_(False).to(pick_batch_dtype(cfg.target, device))
             teacher = CompletionLogits(target.eval(), num_ids)
         return teacher, CompletionLogits(draft, num_ids)
+
+    def learning_rate(self, cfg: Config) -> float:
+        return cfg.distill.lr
 
     def trainable_parameters(self, cfg: Config, draft) -> list:
         dcfg = cfg.distill

@@ -91,6 +91,9 @@ class Eagle3Config:
     # does), and whether it trains (false: only fc, the layer and the norm do).
     lm_head_from_target: bool = True
     train_lm_head: bool = True
+    # The head's own learning rate (null: distill.lr). A head trained from scratch wants a
+    # far larger step than a pretrained independent draft being fine-tuned in the same run.
+    lr: float | None = field(default=None, metadata=_range(gt=0))
     # Export the target's token embeddings with the head: speculators 0.9 does not reliably
     # fill missing ones (draftsmith/eagle3_export.py); vLLM shares the target's either way.
     include_embeddings: bool = True

@@ -145,6 +145,23 @@ def test_eagle3_checkpoints_contract(tmp_path, target_dir, data_dir):
     assert not torch.equal(init["fc.weight"], weights["fc.weight"])
 
 
+def test_the_head_trains_at_its_own_lr_beside_the_independent_draft(
+    tmp_path, target_dir, data_dir
+):
+    """draft.eagle3.lr: a from-scratch head and a fine-tuned draft in one run, each at its own
+    step size (the checkpoints record the lr their optimizer ran at)."""
+    out = run_dir_with_data(tmp_path, data_dir)
+    cfg = eagle3_cfg(out, target_dir, max_steps=2, save_every=2, batch_size=16, lr=1e-5)
+    cfg.draft.kind = ["independent", "eagle3"]
+    cfg.draft.eagle3.lr = 3e-3
+    cfg.distill.warmup_steps, cfg.distill.lr_schedule = 0, "constant"
+    run_distill(cfg)
+    head = checkpoint_meta(out / "eagle3" / "checkpoints" / "checkpoint-2")
+    draft = checkpoint_meta(out / "checkpoints" / "checkpoint-2")
+    assert (head["lr"], draft["lr"]) == (3e-3, 1e-5)
+    assert head["settings"]["draft"]["eagle3"]["lr"] == 3e-3  # a changed lr refuses to resume
+
+
 def test_eagle3_resume_after_a_crash_gives_the_same_result(
     tmp_path, target_dir, data_dir, monkeypatch
 ):
