@@ -145,9 +145,7 @@ def test_eagle3_checkpoints_contract(tmp_path, target_dir, data_dir):
     assert not torch.equal(init["fc.weight"], weights["fc.weight"])
 
 
-def test_the_head_trains_at_its_own_lr_beside_the_independent_draft(
-    tmp_path, target_dir, data_dir
-):
+def test_the_head_trains_at_its_own_lr_beside_the_independent_draft(tmp_path, target_dir, data_dir):
     """draft.eagle3.lr: a from-scratch head and a fine-tuned draft in one run, each at its own
     step size (the checkpoints record the lr their optimizer ran at)."""
     out = run_dir_with_data(tmp_path, data_dir)
