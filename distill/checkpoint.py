@@ -128,7 +128,7 @@ BOOKKEEPING = ("save_every", "save_steps", "keep_last", "log_every", "resume", "
 def training_settings(cfg: Config, loss_name: str, kind) -> dict:
     """Every setting that changes what training produces, by config section.
 
-    `kind`: the kind's training side (distill/train.py IndependentTraining, eagle3_train.
+    `kind`: the kind's training side (distill/independent_train.py IndependentTraining, eagle3_train.
     Eagle3Training); the draft section holds its name and the keys that kind reads, so
     adding a kind to draft.kind, or changing another kind's keys, leaves it untouched.
     """

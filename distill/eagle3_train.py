@@ -266,7 +266,7 @@ def write_head(head: Eagle3Head, path: Path, target_config, verifier: str, k: in
 
 class Eagle3Training:
     """What the loop (distill/train.py) needs from the eagle3 kind: the same methods as
-    train.IndependentTraining (draftsmith/kinds.py registers both)."""
+    independent_train.IndependentTraining (draftsmith/kinds.py registers both)."""
 
     name = "eagle3"
 

@@ -10,7 +10,7 @@ shared; a kind brings only:
     where        its run-dir folder: independent `checkpoints/` (CE twin `ablations/ce/`),
                  eagle3 `eagle3/checkpoints/` (CE twin `eagle3/ablations/ce/`); same
                  atomic checkpoint-<step> layout, train state and draftsmith_checkpoint.json
-    training     what the loop needs (`training()`: distill/train.py IndependentTraining,
+    training     what the loop needs (`training()`: distill/independent_train.py IndependentTraining,
                  distill/eagle3_train.py Eagle3Training): how the draft is built or resumed,
                  the module accelerate prepares and its teacher, the loss parts and their
                  token counts, the checkpoint's model files, the checks against the target
@@ -60,7 +60,7 @@ class IndependentKind(DraftKind):
     name, root, own_tokenizer = "independent", "", True
 
     def training(self):
-        from draftsmith.distill.train import IndependentTraining
+        from draftsmith.distill.independent_train import IndependentTraining
 
         return IndependentTraining()
 

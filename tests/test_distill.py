@@ -22,8 +22,9 @@ from test_distill_helpers import (
 
 from draftsmith.config import config_to_dict
 from draftsmith.distill import list_checkpoints
+from draftsmith.distill.independent_train import trainable_parameters
 from draftsmith.distill.stage import run_distill
-from draftsmith.distill.train import train_draft, trainable_parameters
+from draftsmith.distill.train import train_draft
 from draftsmith.errors import ConfigError, DraftsmithError
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -147,19 +148,19 @@ def test_keep_last_and_resume_never(tmp_path, target_dir, data_dir):
 
 
 def test_nan_loss_stops_with_clear_error(tmp_path, target_dir, data_dir, monkeypatch):
-    from draftsmith.distill import train as train_mod
+    from draftsmith.distill import independent_train
     from draftsmith.distill.losses import TokenSum
 
     out = run_dir_with_data(tmp_path, data_dir)
     cfg = make_cfg(out, target_dir, max_steps=6, save_every=2)
-    real, calls = train_mod.distill_loss, []
+    real, calls = independent_train.distill_loss, []
 
     def poisoned(*a, **kw):
         calls.append(1)
         res = real(*a, **kw)
         return TokenSum(res.total * float("nan"), res.count) if len(calls) == 3 else res
 
-    monkeypatch.setattr(train_mod, "distill_loss", poisoned)
+    monkeypatch.setattr(independent_train, "distill_loss", poisoned)
     with pytest.raises(DraftsmithError, match="loss became nan at step 3.*checkpoint-2"):
         run_distill(cfg)
     assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [0, 2]

@@ -18,6 +18,7 @@ from test_distill_helpers import build_tiny_target, make_cfg, write_dataset  # n
 from draftsmith.distill import train as train_mod  # noqa: E402
 from draftsmith.distill.batching import Example  # noqa: E402
 from draftsmith.distill.checkpoint import load_train_state  # noqa: E402
+from draftsmith.distill.independent_train import IndependentTraining  # noqa: E402
 from draftsmith.distill.stage import run_distill  # noqa: E402
 from draftsmith.distill.teacher import sample_completions  # noqa: E402
 
@@ -72,7 +73,7 @@ def _setup(
     cfg.draft.init = init
     if init == "pretrained":
         cfg.draft.model = str(dirs["draft"])
-    return train_mod.setup(cfg, out / "checkpoints", loss, resume, train_mod.IndependentTraining())
+    return train_mod.setup(cfg, out / "checkpoints", loss, resume, IndependentTraining())
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import pytest
 
 from draftsmith.config import load_config
 from draftsmith.distill.checkpoint import training_settings
-from draftsmith.distill.train import IndependentTraining
+from draftsmith.distill.independent_train import IndependentTraining
 from draftsmith.export import _training
 from draftsmith.hf_export import assistant_generation_config
 
