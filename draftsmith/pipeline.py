@@ -16,7 +16,7 @@ def stage_function(name: str) -> Callable[[Config], object]:
     """The entry point of stage `name` (generate, distill, evaluate, export or run)."""
     # Imported lazily: `draftsmith --help` must not pay for torch and transformers.
     if name == "generate":
-        from draftsmith.data.stage import run_generate as fn
+        from draftsmith.data.generate import run_generate as fn
     elif name == "distill":
         from draftsmith.distill.stage import run_distill as fn
     elif name == "evaluate":
@@ -38,7 +38,7 @@ def preflight(cfg: Config, stages: list[str]) -> None:
     stages repeat their own checks when called alone.
     """
     if "generate" in stages:
-        from draftsmith.data.stage import finished_meta
+        from draftsmith.data.generate import finished_meta
 
         finished_meta(cfg, cfg.output_dir / "data")  # data made with other settings
     if "distill" in stages:

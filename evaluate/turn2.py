@@ -14,8 +14,8 @@ import dataclasses
 
 from draftsmith.config import Config
 from draftsmith.data.hf_backend import HFBackend
+from draftsmith.data.prepare import encode_all
 from draftsmith.data.sources import Prompt
-from draftsmith.data.stage import encode_all
 
 SUFFIX = "-turn2"
 

@@ -17,6 +17,7 @@ import pytest
 from draftsmith import packages
 from draftsmith.config import BUILTIN_FILTERS, PromptSource, load_config
 from draftsmith.data import sharegpt
+from draftsmith.data.prepare import prompt_id
 from draftsmith.data.sources import (
     LATIN_SHARE,
     MTBENCH_MEMBER,
@@ -27,7 +28,6 @@ from draftsmith.data.sources import (
     load_source,
     sharegpt_conversations,
 )
-from draftsmith.data.stage import prompt_id
 from draftsmith.errors import ConfigError, DraftsmithError
 
 OFF = dict(min_chars=1, max_chars=10**6, latin_only=False)  # filters off (null: the default)

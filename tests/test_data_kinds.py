@@ -13,7 +13,7 @@ from test_generate import kill_after_first_shard
 
 from draftsmith.config import load_config
 from draftsmith.data import load_train_dataset
-from draftsmith.data.stage import run_generate
+from draftsmith.data.generate import run_generate
 from draftsmith.errors import ConfigError
 from draftsmith.models import (
     cpu_has_native_bf16,

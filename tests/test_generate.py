@@ -19,8 +19,8 @@ from transformers import LlamaForCausalLM
 from draftsmith.config import DataConfig, PromptSource, load_config
 from draftsmith.data import load_eval_prompts, load_train_dataset
 from draftsmith.data.completion import cut_at_eos
+from draftsmith.data.generate import run_generate
 from draftsmith.data.hf_backend import HFBackend, left_pad, length_buckets
-from draftsmith.data.stage import run_generate
 from draftsmith.errors import DraftsmithError
 from draftsmith.models import build_byte_tokenizer, tiny_llama_config
 

@@ -114,7 +114,7 @@ def test_missing_vllm_is_one_clear_line(monkeypatch):
 
 
 def test_stage_with_vllm_backend_fails_before_writing(monkeypatch, tmp_path, tiny_model_dir):
-    from draftsmith.data.stage import run_generate
+    from draftsmith.data.generate import run_generate
 
     monkeypatch.setitem(sys.modules, "vllm", None)
     out = tmp_path / "run"
@@ -132,7 +132,7 @@ def test_vllm_greedy_matches_hf_greedy(tmp_path, tiny_model_dir):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from draftsmith.data import load_train_dataset
-    from draftsmith.data.stage import run_generate
+    from draftsmith.data.generate import run_generate
 
     common = ["data.max_new_tokens=8", "target.dtype=float32", "data.topk_logprobs=4"]
     runs = {}

@@ -383,8 +383,8 @@ def test_weight_checks_find_truncation_missing_and_misshapen_tensors(tmp_path):
 def test_a_damaged_shard_is_generated_again(tmp_path, tiny_model_dir, monkeypatch, capsys):
     """A killed generate leaves finished shards; one is truncated since: the rerun regenerates
     it (its sha256 no longer matches shard.json) and the data equal a clean run's."""
+    from draftsmith.data import generate as data_stage
     from draftsmith.data import load_train_dataset, shards
-    from draftsmith.data import stage as data_stage
 
     small = ["data.max_train_prompts=6", "data.shard_size=2", "data.max_new_tokens=6", QUIET]
     out, clean = tmp_path / "run", tmp_path / "clean"

@@ -10,8 +10,9 @@ import pytest
 
 from draftsmith.config import PromptSource, load_config
 from draftsmith.data import load_eval_prompts, load_train_dataset
+from draftsmith.data.generate import run_generate
 from draftsmith.data.neardup import EvalIndex
-from draftsmith.data.stage import load_pools, run_generate
+from draftsmith.data.prepare import load_pools
 from draftsmith.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,7 +118,7 @@ def test_pools_keep_roles_apart_and_drop_copies_of_eval_only_prompts(tmp_path):
 def prepare(cfg):
     from types import SimpleNamespace
 
-    from draftsmith.data.stage import prepare_prompts
+    from draftsmith.data.prepare import prepare_prompts
     from draftsmith.models import build_byte_tokenizer
 
     return prepare_prompts(
@@ -169,7 +170,7 @@ def test_each_eval_set_is_capped_on_its_own_and_written_with_its_name(
 ):
     """MT-bench (role eval) and the held-out split of the project's prompts are two sets; a
     cap of 8 keeps 8 of each (capped together, MT-bench kept only what its share allowed)."""
-    from draftsmith.data.stage import eval_records
+    from draftsmith.data.generate import eval_records
 
     cfg = tiny_cfg(tmp_path / "run", "data.max_eval_prompts=8", "data.eval_fraction=0.5")
     cfg.data.sources = [

@@ -61,7 +61,7 @@ def _cfg(tmp_path, tiny_model_dir, *extra):
 
 
 def test_every_stage_passes_revision_and_trust_remote_code(tmp_path, tiny_model_dir, target_calls):
-    from draftsmith.data.stage import run_generate
+    from draftsmith.data.generate import run_generate
     from draftsmith.distill.stage import run_distill
     from draftsmith.evaluate.stage import run_evaluate
 
@@ -91,7 +91,7 @@ def test_every_stage_passes_revision_and_trust_remote_code(tmp_path, tiny_model_
 def test_vllm_generate_passes_them_to_the_generation_config_and_the_engine(
     tmp_path, tiny_model_dir, target_calls, monkeypatch
 ):
-    from draftsmith.data.stage import make_backend
+    from draftsmith.data.generate import make_backend
     from draftsmith.models import load_target_tokenizer
 
     engines = []
