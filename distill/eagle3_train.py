@@ -39,7 +39,6 @@ from draftsmith.distill.batching import Batch
 from draftsmith.distill.checkpoint import read_meta
 from draftsmith.distill.init import flops_per_token
 from draftsmith.distill.losses import TokenSum, cross_entropy, distill_loss
-from draftsmith.draft_vocab import build_draft_vocab
 from draftsmith.eagle3 import (
     Eagle3Head,
     check_aux_layer_ids,
@@ -52,7 +51,8 @@ from draftsmith.eagle3 import (
 from draftsmith.eagle3_export import load_eagle3, write_eagle3
 from draftsmith.errors import ConfigError
 from draftsmith.models import count_parameters, pick_dtype, resolve_model
-from draftsmith.vocab import token_id_count
+from draftsmith.reduced_vocab import build_draft_vocab
+from draftsmith.vocab_rows import token_id_count
 
 
 def batch_target_dtype(cfg: Config, device: torch.device) -> torch.dtype:
@@ -70,7 +70,7 @@ def batch_target_dtype(cfg: Config, device: torch.device) -> torch.dtype:
 def completion_token_counts(dataset, rows: int, num_ids: int) -> Tensor:
     """(rows,) how often each target id occurs among the dataset's completion_ids.
 
-    Ids from num_ids on (padding rows, draftsmith/vocab.py) count -1: they rank below
+    Ids from num_ids on (padding rows, draftsmith/vocab_rows.py) count -1: they rank below
     every real token, so the draft vocabulary takes them only when it is larger than the
     tokenizer (refused earlier by kinds.check_eagle3).
     """
@@ -132,7 +132,7 @@ def target_pass(
     hidden = out.last_hidden_state[batch.loss_mask]  # (N, d), final norm applied
     lm_head = target.get_output_embeddings()
     if head_weight is None:
-        # = draft_vocab.target_logits_on_draft_vocab(lm_head(hidden), d2t)
+        # = reduced_vocab.target_logits_on_draft_vocab(lm_head(hidden), d2t)
         return aux, lm_head(hidden).index_select(-1, draft_target_ids.to(hidden.device))
     return aux, nn.functional.linear(hidden, head_weight)  # (N, Vd)
 

@@ -22,7 +22,7 @@ from draftsmith.models import (
     load_tokenizer,
     resolve_model,
 )
-from draftsmith.vocab import match_vocab_rows, token_id_count, vocab_rows
+from draftsmith.vocab_rows import match_vocab_rows, token_id_count, vocab_rows
 
 
 def select_layers(cfg: DraftConfig, num_target_layers: int) -> list[int]:
@@ -159,7 +159,7 @@ def build_draft(cfg: Config, target, target_tok, device: torch.device, target_co
     `target` (the loaded model) is needed by from_target and config; a pretrained draft
     needs only the target's config (`target_config`, for its vocabulary rows) and reads
     the generation config from the target's files. Every draft leaves with the target's
-    row count and its padding rows filled (draftsmith/vocab.py), so the losses, the
+    row count and its padding rows filled (draftsmith/vocab_rows.py), so the losses, the
     engine and vLLM's equal-vocabulary check all see one size.
     """
     dcfg = cfg.draft

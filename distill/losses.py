@@ -33,7 +33,7 @@ so every divergence is 0 at student = teacher and has a stationary point there.
 version did, left the loss > 0 at student = teacher for any T != 1 with k < V.)
 
 Stored ids past the student's logits (rows the tokenizer never produces: a random
-tiny target can rank them in its top-k; see draftsmith/vocab.py) are dropped from both
+tiny target can rank them in its top-k; see draftsmith/vocab_rows.py) are dropped from both
 sides; the teacher's mass on them counts in its rest bucket.
 """
 

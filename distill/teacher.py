@@ -29,7 +29,7 @@ from draftsmith.distill.losses import TopK
 class CompletionLogits(nn.Module):
     """Wraps a causal LM; forward returns logits only where `loss_mask` is set: (N, V).
 
-    V is `num_ids`, the tokenizer's ids: the rows past them (padding, draftsmith/vocab.py)
+    V is `num_ids`, the tokenizer's ids: the rows past them (padding, draftsmith/vocab_rows.py)
     are cut here, for draft and target alike, so no loss ever sees them and the two
     sides have one width even when their row counts differ. This wrapper (not the bare
     LM) is what accelerate prepares, so DDP sees the forward that the loss
@@ -74,7 +74,7 @@ def pure_sampling_config(temperature: float, max_new: int, pad_id: int, eos_id, 
         max_new_tokens=max_new,
         pad_token_id=pad_id,
         eos_token_id=eos_id,
-        suppress_tokens=list(range(num_ids, rows)) or None,  # padding rows (vocab.py)
+        suppress_tokens=list(range(num_ids, rows)) or None,  # padding rows (vocab_rows.py)
     )
 
 

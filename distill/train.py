@@ -64,7 +64,7 @@ from draftsmith.models import (
 )
 from draftsmith.rundir import record_config
 from draftsmith.tracking import wandb_run
-from draftsmith.vocab import token_id_count
+from draftsmith.vocab_rows import token_id_count
 
 
 @dataclass
@@ -294,7 +294,7 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
     need_topk = kind.reads_topk(cfg, loss_name)
     data = TrainData(load_train_dataset(cfg.output_dir), dcfg.max_seq_len, need_topk)
     target_tok = load_target_tokenizer(cfg.target)
-    num_ids = token_id_count(target_tok)  # logits past it are padding (draftsmith/vocab.py)
+    num_ids = token_id_count(target_tok)  # logits past it are padding (draftsmith/vocab_rows.py)
     kind.check_target(cfg, load_target_config(cfg.target), num_ids)  # before any weights load
     target = None
     if kind.needs_target_weights(cfg, loss_name, resume):

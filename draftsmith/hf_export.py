@@ -14,7 +14,7 @@ from draftsmith.config import Config
 from draftsmith.errors import DraftsmithError
 from draftsmith.io import atomic_write_json, checked_read_json
 from draftsmith.models import load_tokenizer, resolve_model
-from draftsmith.vocab import match_vocab_rows, token_id_count
+from draftsmith.vocab_rows import match_vocab_rows, token_id_count
 
 # What a serving stack needs from a checkpoint dir; train state stays behind.
 MODEL_FILES = (
@@ -53,7 +53,7 @@ def _vocab_size(path: str, **kw) -> int:
 
 
 def match_target_vocab(cfg: Config, model_dir: Path) -> None:
-    """Rewrite the exported draft on the target's row count, padding rows filled (vocab.py).
+    """Rewrite the exported draft on the target's row count, padding rows filled (vocab_rows.py).
 
     vLLM's `draft_model` method refuses a draft whose vocab_size differs from the target's,
     and it does not cut rows past the tokenizer the way draftsmith's engine does: those

@@ -45,7 +45,7 @@ def preflight(cfg: Config, stages: list[str]) -> None:
         from draftsmith.distill.stage import check_distill_settings
         from draftsmith.kinds import check_target
         from draftsmith.models import load_target_config, load_target_tokenizer
-        from draftsmith.vocab import token_id_count
+        from draftsmith.vocab_rows import token_id_count
 
         check_distill_settings(cfg)  # checkpoints trained with other settings
         # each kind against the target's config and tokenizer (no weights): a target an

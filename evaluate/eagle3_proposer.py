@@ -33,7 +33,6 @@ from collections.abc import Sequence
 
 import torch
 
-from draftsmith.draft_vocab import draft_logits_to_target
 from draftsmith.eagle3 import Eagle3Head
 from draftsmith.evaluate.engine import (
     DecodeResult,
@@ -52,6 +51,7 @@ from draftsmith.evaluate.teacher_forced import (
 from draftsmith.evaluate.timing import Step
 from draftsmith.fast_linear import cpu_few_row_linear
 from draftsmith.kv_cache import crop_cache
+from draftsmith.reduced_vocab import draft_logits_to_target
 
 
 class Eagle3Proposer(Proposer):

@@ -46,7 +46,7 @@ from draftsmith.models import (
     pick_dtype,
     resolve_model,
 )
-from draftsmith.vocab import token_id_count
+from draftsmith.vocab_rows import token_id_count
 
 # ----------------------------------------------------------------------------- cache keys
 

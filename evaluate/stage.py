@@ -1,7 +1,7 @@
 """`draftsmith evaluate CONFIG`: every checkpoint ranked exactly, the best ones decoded for real.
 
 Flow, for every named eval set of data/eval_prompts.jsonl (each capped by evaluate.max_prompts;
-with evaluate.turn2 also `<set>-turn2`, evaluate/turn2.py):
+with evaluate.turn2 also `<set>-turn2`, evaluate/second_turn.py):
   1. the target-only baseline: every prompt decoded by the engine without a draft (its
      timings, and at temperature 0 the target's own greedy output);
   2. every draft on every prompt at k = evaluate.num_speculative_tokens: greedy, one
@@ -33,7 +33,7 @@ import torch
 
 from draftsmith.config import Config
 from draftsmith.errors import DraftsmithError
-from draftsmith.evaluate import report, turn2
+from draftsmith.evaluate import report, second_turn
 from draftsmith.evaluate.board import check_self_draft, hardware, native_board
 from draftsmith.evaluate.native import (
     Models,
@@ -63,7 +63,7 @@ def _turn2_sets(cfg: Config, sets: dict, models: Models, results_dir: Path) -> d
     """`<set>-turn2` for every set with followups (evaluate.turn2); answers cached."""
     out = {}
     for name, prompts in sets.items():
-        asked = turn2.asked_again(prompts)
+        asked = second_turn.asked_again(prompts)
         if not asked:
             continue
         settings = {
@@ -77,21 +77,21 @@ def _turn2_sets(cfg: Config, sets: dict, models: Models, results_dir: Path) -> d
         path = results_dir / f"turn1-answers-{safe_name(name)}-{settings_key(settings)}.json"
         data = load_cached(path, settings)
         if data is None:
-            ids = turn2.target_answers(models.target(), models.tokenizer(), cfg, asked)
+            ids = second_turn.target_answers(models.target(), models.tokenizer(), cfg, asked)
             texts = [models.tokenizer().decode(t, skip_special_tokens=True).strip() for t in ids]
             data = {"settings": settings, "answers": texts}
             atomic_write_json(path, data)
         ctx = getattr(load_target_config(cfg.target), "max_position_embeddings", None)
         limit = ctx - cfg.evaluate.max_new_tokens if ctx else None
-        prompts2, too_long = turn2.turn2_prompts(
+        prompts2, too_long = second_turn.turn2_prompts(
             asked, data["answers"], cfg, models.tokenizer(), limit
         )
         if too_long:
             print(
-                f"[evaluate] {name}{turn2.SUFFIX}: {too_long} prompts over {limit} tokens left out"
+                f"[evaluate] {name}{second_turn.SUFFIX}: {too_long} prompts over {limit} tokens left out"
             )
         if prompts2:
-            out[name + turn2.SUFFIX] = prompts2
+            out[name + second_turn.SUFFIX] = prompts2
     return out
 
 
@@ -99,7 +99,7 @@ def choose_primary(cfg: Config, sets: dict) -> str:
     """The primary set's name, checked before any work (turn-2 sets count by name)."""
     names = list(sets)
     if cfg.evaluate.turn2:
-        names += [s + turn2.SUFFIX for s, ps in sets.items() if turn2.asked_again(ps)]
+        names += [s + second_turn.SUFFIX for s, ps in sets.items() if second_turn.asked_again(ps)]
     return primary_set(dict.fromkeys(names), cfg.evaluate.primary_eval_set)
 
 

@@ -21,11 +21,11 @@ import statistics
 import torch
 
 from draftsmith.config import TargetConfig
-from draftsmith.draft_vocab import build_draft_vocab
 from draftsmith.eagle3 import Eagle3Head
 from draftsmith.evaluate.eagle3_proposer import Eagle3Proposer
 from draftsmith.evaluate.engine import SpeculativeDecoder
 from draftsmith.models import eos_token_ids, load_target, load_target_tokenizer, pick_device
+from draftsmith.reduced_vocab import build_draft_vocab
 
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",

@@ -23,9 +23,9 @@ from draftsmith.distill.eagle3_train import (
 )
 from draftsmith.distill.losses import forward_kl
 from draftsmith.distill.stage import run_distill
-from draftsmith.draft_vocab import build_draft_vocab
 from draftsmith.eagle3_export import load_eagle3, validate_eagle3_export
 from draftsmith.errors import DraftsmithError
+from draftsmith.reduced_vocab import build_draft_vocab
 
 sys.path.insert(0, str(Path(__file__).parent))
 

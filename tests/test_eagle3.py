@@ -13,14 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftsmith.draft_vocab import (
-    DraftVocab,
-    build_draft_vocab,
-    draft_logits_to_target,
-    target_logits_on_draft_vocab,
-    target_probs_on_draft_vocab,
-    vocab_problem,
-)
 from draftsmith.eagle3 import (
     Eagle3Head,
     default_aux_layer_ids,
@@ -32,6 +24,14 @@ from draftsmith.eagle3 import (
 from draftsmith.eagle3_export import load_eagle3, save_eagle3, validate_eagle3_export
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.models import tiny_llama_config
+from draftsmith.reduced_vocab import (
+    DraftVocab,
+    build_draft_vocab,
+    draft_logits_to_target,
+    target_logits_on_draft_vocab,
+    target_probs_on_draft_vocab,
+    vocab_problem,
+)
 
 V = 64  # target vocabulary
 VD = 24  # draft vocabulary

@@ -17,10 +17,10 @@ from test_specdec import (
     tiny_target,
 )
 
-from draftsmith.draft_vocab import build_draft_vocab
 from draftsmith.eagle3 import Eagle3Head, head_inputs, select_aux_hidden
 from draftsmith.evaluate.eagle3_proposer import Eagle3Proposer, replay_greedy
 from draftsmith.evaluate.engine import SamplingConfig, SpeculativeDecoder
+from draftsmith.reduced_vocab import build_draft_vocab
 
 DTYPE = torch.float64  # as tests/test_specdec.py: a mismatch is an algorithm bug, not rounding
 AUX = [0, 1, 2]

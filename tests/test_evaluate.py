@@ -577,7 +577,7 @@ def test_interleaved_timing_rotates_the_order_and_pairs_each_repeat(monkeypatch)
 
 def test_turn2_asks_the_followup_after_the_targets_own_cached_answer(run_dir, monkeypatch):
     from draftsmith.data.sources import Prompt, render
-    from draftsmith.evaluate import stage, turn2
+    from draftsmith.evaluate import second_turn, stage
     from draftsmith.evaluate.engine import SpeculativeDecoder
 
     path = run_dir / "data" / "eval_prompts.jsonl"
@@ -603,7 +603,7 @@ def test_turn2_asks_the_followup_after_the_targets_own_cached_answer(run_dir, mo
     def no_decoding(*args):
         raise AssertionError("answered again: the cache missed")
 
-    monkeypatch.setattr(turn2, "target_answers", no_decoding)
+    monkeypatch.setattr(second_turn, "target_answers", no_decoding)
     sets = stage.eval_sets(stage.load_prompts(run_dir), None)
     models = stage.Models(cfg)
     got = stage.with_turn2(cfg, sets, "heldout", models, run_dir / "eval" / "results")

@@ -95,7 +95,7 @@ def test_eagle3_engine_counts_equal_the_teacher_forced_replay(both_run):
     from draftsmith.evaluate.native import Models
     from draftsmith.evaluate.prompts import list_drafts, load_prompts
     from draftsmith.kinds import teacher_forced_results
-    from draftsmith.vocab import token_id_count
+    from draftsmith.vocab_rows import token_id_count
 
     out, _ = both_run
     cfg = load_config(out / "config.yaml")

@@ -2,7 +2,7 @@
 
 Tiny random Llamas shaped like Qwen2.5-0.5B (151936 rows) and -7B (152064 rows) over one
 tokenizer (151665 ids): draft 288 rows, target 320, both over the byte tokenizer's 259
-ids, so rows 259.. are padding (draftsmith/vocab.py). Before the fix every divergence
+ids, so rows 259.. are padding (draftsmith/vocab_rows.py). Before the fix every divergence
 loss died at step 1 on the shapes, the offline teacher indexed past the draft's rows,
 sampled evaluation crashed in the sampler and the export kept 288 rows.
 """
@@ -27,7 +27,7 @@ from draftsmith.distill.stage import run_distill  # noqa: E402
 from draftsmith.errors import DraftsmithError  # noqa: E402
 from draftsmith.evaluate.engine import SpeculativeDecoder  # noqa: E402
 from draftsmith.sampling import SamplingConfig  # noqa: E402
-from draftsmith.vocab import match_vocab_rows, token_id_count  # noqa: E402
+from draftsmith.vocab_rows import match_vocab_rows, token_id_count  # noqa: E402
 
 NUM_IDS, DRAFT_ROWS, TARGET_ROWS = 259, 288, 320
 
