@@ -353,16 +353,18 @@ def paired_diff_by_category(
     out = paired_acceptance_diff(a, b, n_boot, seed)
     cats = sorted({r["category"] for r in a if "category" in r})
     if out is not None and len(cats) > 1:
-        out["per_category"] = {
-            cat: paired_acceptance_diff(
-                [x for x in a if x["category"] == cat],
-                [y for x, y in zip(a, b) if x["category"] == cat],
-                n_boot,
-                seed,
-            )
-            for cat in cats
-        }
+        out["per_category"] = {}
+        for cat in cats:
+            idx = [i for i, x in enumerate(a) if x["category"] == cat]
+            if len(idx) < MIN_CATEGORY_PROMPTS:  # a bootstrap over 1-4 prompts says nothing
+                continue
+            sub_a, sub_b = [a[i] for i in idx], [b[i] for i in idx]
+            out["per_category"][cat] = paired_acceptance_diff(sub_a, sub_b, n_boot, seed)
     return out
+
+
+# Per-category intervals need a few prompts to resample: fewer than this, none is given.
+MIN_CATEGORY_PROMPTS = 5
 
 
 class _Paired:

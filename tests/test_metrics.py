@@ -203,6 +203,16 @@ def test_paired_alpha_diff_counts_only_judged_drafts():
     assert m.paired_acceptance_diff(_counts([(1, 4)]), _counts([(1, 4)]))["alpha_diff"] is None
 
 
+def test_per_category_differences_need_enough_prompts():
+    row = {"accepted": 2, "proposed": 4, "reached_at": [1, 1, 1, 0]}
+    worse = {"accepted": 1, "proposed": 4, "reached_at": [1, 1, 0, 0]}
+    a = [{**row, "category": "w"}] * 6 + [{**row, "category": "x"}] * 2
+    b = [{**worse, "category": "w"}] * 6 + [{**worse, "category": "x"}] * 2
+    out = m.paired_diff_by_category(a, b, n_boot=100)
+    assert list(out["per_category"]) == ["w"]  # 2 prompts of x: no interval pretends to know
+    assert out["per_category"]["w"]["alpha_diff"] == pytest.approx(2 / 3 - 1 / 2)
+
+
 def test_paired_acceptance_diff_rejects_unpaired_inputs():
     assert m.paired_acceptance_diff(_counts([(1, 4)]), _counts([(1, 4), (1, 4)])) is None
     assert m.paired_acceptance_diff([], []) is None
