@@ -56,6 +56,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                 return coerce(value, arg, key)
             except ConfigError as e:
                 errors.append(e)
+        if len(errors) == 1:  # `float | None` and the like: the one type's own message is sharper
+            raise errors[0]
         raise ConfigError(f"{key}: expected {type_name(tp)}, got {value!r}")
     if origin is Literal:
         choices = typing.get_args(tp)

@@ -52,8 +52,8 @@ def test_sweep_entries_table_and_csv_share_the_metric_keys():
         "extra": 9,
     }
     assert sweep_entry(row) == {"k": 3, **{key: row[key] for key in METRIC_KEYS}}
-    # the table adds the draft's kind, who measured the row, over how many prompts, and the
-    # speedup's spread
+    # the table adds the draft's kind, who measured the row, over how many prompts, the
+    # speedup's spread, and the echo split (share of tokens copying the prompt, alpha on the rest)
     table_keys = tuple(key for key, _, _ in TABLE_COLUMNS)
     assert tuple(k for k in table_keys if k in METRIC_KEYS) == METRIC_KEYS
     assert set(table_keys) - set(METRIC_KEYS) == {
@@ -63,6 +63,8 @@ def test_sweep_entries_table_and_csv_share_the_metric_keys():
         "measured_by",
         "num_prompts",
         "speedup_iqr",
+        "echo_share",
+        "alpha_new",
     }
     assert CSV_FIELDS[: 3 + len(METRIC_KEYS)] == ("checkpoint", "kind", "step", *METRIC_KEYS)
     board = {"rows": [row], "best": "c", "select_metric": "alpha", "recommended_k": 3}

@@ -557,13 +557,15 @@ def test_empty_yaml_is_an_error_and_an_empty_mapping_runs_defaults(tmp_path):
 
 
 def _float_keys(cls, prefix: str = "") -> list[str]:
-    """Every float field of the config schema, as an override key."""
+    """Every float field of the config schema, as an override key; a list of floats as `key[0]`."""
     keys = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp, key = hints[f.name], f"{prefix}{f.name}"
         if dataclasses.is_dataclass(tp):
             keys += _float_keys(tp, key + ".")
+        elif typing.get_origin(tp) is list and typing.get_args(tp) == (float,):
+            keys.append(key + "[0]")
         elif tp is float or float in typing.get_args(tp):
             keys.append(key)
     return keys
@@ -572,10 +574,13 @@ def _float_keys(cls, prefix: str = "") -> list[str]:
 def test_non_finite_floats_are_refused_for_every_float_key():
     keys = _float_keys(Config)
     assert "distill.lr" in keys and "data.vllm.gpu_memory_utilization" in keys
+    assert "evaluate.stop_thresholds[0]" in keys
     for key in keys:
         for value in (".inf", "-.inf", ".nan"):
+            name, listed = key.removesuffix("[0]"), key.endswith("[0]")
+            override = f"{name}=[{value}]" if listed else f"{key}={value}"
             with pytest.raises(ConfigError) as e:
-                load_config(TINY, [f"{key}={value}"])
+                load_config(TINY, [override])
             assert str(e.value) == f"{key}: expected a finite number, got {yaml.safe_load(value)!r}"
 
 
