@@ -25,7 +25,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from draftsmith.config import Config
-from draftsmith.data import load_data_meta, shards
+from draftsmith.data import load_data_meta, load_train_dataset, shards
 from draftsmith.data.prepare import Encoded, PreparedPrompts, prepare_prompts
 from draftsmith.errors import DraftsmithError
 from draftsmith.io import atomic_dir, atomic_write_json, atomic_write_text
@@ -285,6 +285,7 @@ def run_generate(cfg: Config) -> None:
     data_dir = cfg.output_dir / "data"
     meta = finished_meta(cfg, data_dir)
     if meta is not None:
+        load_train_dataset(cfg.output_dir)  # a truncated arrow file is not complete: one line
         print(f"generate: {data_dir} is complete ({meta['num_completions']} completions); skipping")
         return
     if cfg.data.backend == "vllm":

@@ -153,6 +153,28 @@ def flops_per_token(model) -> int:
     return 2 * non_emb + 2 * head.numel()
 
 
+def check_pretrained_draft(cfg: Config, target_tok) -> None:
+    """A pretrained draft's tokenizer against the target's, from files only (no weights).
+
+    `draftsmith run` calls this before generate writes anything, so a draft of another
+    family fails in seconds instead of after the target has generated the training data.
+    """
+    if cfg.draft.init != "pretrained" or "independent" not in cfg.draft.kinds:
+        return
+    from transformers import AutoConfig
+
+    tok = load_tokenizer(cfg.draft.model, key="draft.model")
+    try:
+        rows = AutoConfig.from_pretrained(resolve_model(cfg.draft.model, "draft.model"))
+    except (OSError, ValueError) as e:
+        raise DraftsmithError(
+            f"draft.model: cannot load the config of {cfg.draft.model}: {str(e).splitlines()[0]}"
+        ) from None
+    check_tokenizers_compatible(
+        target_tok, tok, cfg.target.model, cfg.draft.model, rows.get_text_config().vocab_size
+    )
+
+
 def build_draft(cfg: Config, target, target_tok, device: torch.device, target_config=None):
     """(draft model, draft tokenizer, description) per cfg.draft; the draft in train mode.
 

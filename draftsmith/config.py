@@ -366,6 +366,15 @@ def _check_cross_fields(cfg: Config) -> None:
                 f"distill.save_steps[{i}]: must be between 1 and distill.max_steps "
                 f"({cfg.distill.max_steps}), got {step}"
             )
+    if cfg.distill.warmup_steps > cfg.distill.max_steps:
+        raise ConfigError(
+            f"distill.warmup_steps: {cfg.distill.warmup_steps} is over distill.max_steps "
+            f"({cfg.distill.max_steps}), so the learning rate would never reach distill.lr"
+        )
+    if not cfg.evaluate.k_sweep:
+        raise ConfigError(
+            "evaluate.k_sweep: empty; list at least one number of draft tokens per round (e.g. [1, 2, 4])"
+        )
     for i, k in enumerate(cfg.evaluate.k_sweep):
         if not 1 <= k <= 32:
             raise ConfigError(f"evaluate.k_sweep[{i}]: must be between 1 and 32, got {k}")

@@ -37,8 +37,56 @@ def kill_hook(tag: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+# How libraries report a full disk when they do not raise OSError(ENOSPC): safetensors'
+# Rust IoError, and torch.save's zip writer, whose RuntimeError names no errno at all.
+_FULL_DISK_WORDS = ("No space left", "StorageFull", "code: 28")
+_ZIP_WRITER_WORDS = ("unexpected pos", "PytorchStreamWriter failed")
+_NEARLY_FULL = 16 << 20  # bytes free under which a zip-writer failure is read as a full disk
+
+
+def _free_bytes(path: Path) -> int:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def _is_full_disk(e: BaseException, path: Path) -> bool:
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(e)
+    if any(w in text for w in _FULL_DISK_WORDS):
+        return True
+    return any(w in text for w in _ZIP_WRITER_WORDS) and _free_bytes(path) < _NEARLY_FULL
+
+
+@contextmanager
+def named_write_errors(path: str | Path) -> Iterator[None]:
+    """Re-raise a failed write as OSError naming `path`, so the CLI prints one line.
+
+    A full disk surfaces as OSError without a filename (file.write, savefig), as a
+    RuntimeError (torch.save) or as a library error (safetensors); each becomes
+    `OSError(ENOSPC, ..., path)`, which the CLI reports as `PATH: No space left on device`.
+    """
+    path = Path(path)
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None and e.errno is not None:
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise
+    except Exception as e:
+        if _is_full_disk(e, path):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from None
+        raise
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     path = Path(path)
+    with named_write_errors(path):
+        _atomic_write_text(path, text)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}{TMP_MARK}{os.getpid()}-")
     try:
@@ -70,7 +118,8 @@ def atomic_dir(path: str | Path, overwrite: bool = False) -> Iterator[Path]:
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
-        yield tmp
+        with named_write_errors(path):
+            yield tmp
         if path.exists():
             if not overwrite:
                 raise FileExistsError(path)

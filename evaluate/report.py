@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from draftsmith.config import Config
-from draftsmith.io import atomic_write_json, atomic_write_text
+from draftsmith.io import atomic_write_json, atomic_write_text, named_write_errors
 
 # The figures that describe one draft at one k, with their table titles and formats: the
 # one list behind the printed table, the CSV and every k-sweep entry.
@@ -270,8 +270,12 @@ def _diff_ci(d: dict) -> str:
 
 def _save(fig, path: Path) -> None:
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}.png")  # pid: clean_stale_temps
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    tmp.replace(path)
+    try:
+        with named_write_errors(path):
+            fig.savefig(tmp, dpi=110, bbox_inches="tight")
+            tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def plot_training_curves(rows: list[dict], path: Path) -> Path | None:

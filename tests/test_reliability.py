@@ -296,6 +296,124 @@ def test_truncated_dataset_arrow_file(run_copy):
     assert "Traceback" not in "\n".join(err)
 
 
+def test_generate_does_not_call_a_truncated_dataset_complete(run_copy):
+    (arrow,) = (run_copy / "data" / "dataset").glob("*.arrow")
+    truncate(arrow, arrow.stat().st_size // 2)
+    code, err = on(run_copy, "generate")
+    assert code == 1
+    assert err[-1].startswith(f"draftsmith: error: {run_copy / 'data' / 'dataset'}: unreadable (")
+    assert err[-1].endswith(f"); delete {run_copy / 'data'} {REDO_DATA}")
+
+
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        (
+            "evaluate.k_sweep=[]",
+            "evaluate.k_sweep: empty; list at least one number of draft tokens per round "
+            "(e.g. [1, 2, 4])",
+        ),
+        (
+            "distill.warmup_steps=7",  # tiny.yaml: max_steps 6
+            "distill.warmup_steps: 7 is over distill.max_steps (6), so the learning rate would "
+            "never reach distill.lr",
+        ),
+        ("data.max_new_tokens=1e11", "data.max_new_tokens: expected an integer, got 100000000000.0"),
+    ],
+)
+def test_config_errors_found_late_before_are_exit_2_before_anything_is_written(
+    tmp_path, override, line
+):
+    out = tmp_path / "run"
+    code, err = ds("run", TINY, f"run.output_dir={out}", QUIET, override)
+    assert (code, err) == (2, [f"draftsmith: error: {line}"])
+    assert not out.exists()
+
+
+def test_pretrained_draft_of_another_tokenizer_fails_before_generate(tmp_path, tiny_model_dir):
+    from test_models import _shuffled_byte_tokenizer
+
+    draft = tmp_path / "other-draft"
+    shutil.copytree(tiny_model_dir, draft)
+    for f in draft.glob("tokenizer*"):
+        f.unlink()
+    _shuffled_byte_tokenizer().save_pretrained(draft)
+    out = tmp_path / "run"
+    code, err = ds(
+        "run", TINY, f"run.output_dir={out}", QUIET, "draft.init=pretrained", f"draft.model={draft}"
+    )
+    assert code == 1
+    assert err[-1].startswith("draftsmith: error: tokenizer mismatch between target ")
+    assert f"and draft {draft}: token 'a' has id " in err[-1]
+    assert not out.exists()  # generate never ran: no data/, no config.yaml
+
+
+# ----------------------------------------------------------------------------- a full disk
+
+
+def test_full_disk_errors_name_the_file_whatever_the_library_raised(monkeypatch, tmp_path):
+    import errno
+
+    from draftsmith import io as dio
+
+    target = tmp_path / "checkpoint-3"
+    # torch.save's zip writer: a RuntimeError with no errno, a full disk only if it is full
+    zip_error = RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0")
+    monkeypatch.setattr(dio, "_free_bytes", lambda path: 1 << 10)
+    with pytest.raises(OSError) as e, dio.named_write_errors(target):
+        raise zip_error
+    assert (e.value.errno, e.value.filename) == (errno.ENOSPC, str(target))
+    monkeypatch.setattr(dio, "_free_bytes", lambda path: 1 << 40)
+    with pytest.raises(RuntimeError), dio.named_write_errors(target):
+        raise zip_error  # plenty of room: some other failure, left as it is
+    # safetensors' Rust error, and a bare OSError without a filename (file.write, savefig)
+    with pytest.raises(OSError) as e, dio.named_write_errors(target):
+        raise Exception("Error while serializing: IoError(Os { code: 28, kind: StorageFull })")
+    assert (e.value.errno, e.value.filename) == (errno.ENOSPC, str(target))
+    with pytest.raises(OSError) as e, dio.named_write_errors(target):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert str(e.value) == f"[Errno {errno.ENOSPC}] No space left on device: '{target}'"
+
+
+def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_leaves_no_temp(monkeypatch, tmp_path):
+    from draftsmith import io as dio
+    from draftsmith.distill import checkpoint
+
+    def full_disk_save(obj, f, *a, **k):
+        raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk_save)
+    monkeypatch.setattr(dio, "_free_bytes", lambda path: 0)
+    with pytest.raises(OSError) as e:
+        checkpoint.save_checkpoint(tmp_path, 3, lambda d: (d / "model").write_text("m"), {}, {})
+    assert e.value.filename == str(tmp_path / "checkpoint-3")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing half-written
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 1.2 MB tmpfs (root with mount rights only: the unit tests above cover the rest)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(mnt)], capture_output=True
+    )
+    if proc.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_a_run_on_a_full_disk_says_no_space_in_one_line(small_tmpfs):
+    out = small_tmpfs / "run"
+    code, err = ds("run", TINY, f"run.output_dir={out}", QUIET)
+    (line,) = [e for e in err if e.startswith("draftsmith: error:")]  # beside progress bars
+    assert code == 1 and "Traceback" not in "\n".join(err)
+    assert line.startswith(f"draftsmith: error: {out}/")
+    assert line.endswith(": No space left on device")
+    assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
+
+
 def test_truncated_train_state(run_copy):
     shutil.rmtree(run_copy / "checkpoints" / "checkpoint-6")  # distill resumes from 3
     ckpt = run_copy / "checkpoints" / "checkpoint-3"
