@@ -318,7 +318,10 @@ def test_generate_does_not_call_a_truncated_dataset_complete(run_copy):
             "distill.warmup_steps: 7 is over distill.max_steps (6), so the learning rate would "
             "never reach distill.lr",
         ),
-        ("data.max_new_tokens=1e11", "data.max_new_tokens: expected an integer, got 100000000000.0"),
+        (
+            "data.max_new_tokens=1e11",
+            "data.max_new_tokens: expected an integer, got 100000000000.0",
+        ),
     ],
 )
 def test_config_errors_found_late_before_are_exit_2_before_anything_is_written(
