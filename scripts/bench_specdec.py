@@ -183,9 +183,24 @@ def decoders(target, draft, args, eos, pad):
     return out
 
 
-def sweep(target, draft, tok, args, eos) -> None:
+FP32_REF = "fp32 target-only (reference)"
+
+
+def sweep(target, draft, tok, args, eos, fp32=None) -> None:
     runs = decoders(target, draft, args, eos, tok.pad_token_id)
+    if (
+        fp32 is not None
+    ):  # timed like the others; its tokens may differ from the low-precision target's
+        dec = SpeculativeDecoder(fp32, eos_ids=eos, few_row_linear=False)
+
+        def run_fp32(ids):
+            start = time.perf_counter()
+            r = dec.generate(ids, args.max_new_tokens)
+            return r.tokens, time.perf_counter() - start, None
+
+        runs[FP32_REF] = run_fp32
     names = list(runs)
+    same_as_fp32 = [0, 0]  # prompts whose fp32 output equals the low-precision one, prompts
     sets = {spec: set_prompts(spec, tok, args.prompts) for spec in args.sets}
     for run in runs.values():  # warm-up: allocator, lazy kernels
         run(next(iter(sets.values()))[0][:32])
@@ -205,14 +220,23 @@ def sweep(target, draft, tok, args, eos) -> None:
                 if res is not None:
                     results[spec, name].append(res)
             ref = outs["native target-only"]
+            if FP32_REF in outs:
+                same_as_fp32[0] += outs.pop(FP32_REF) == ref
+                same_as_fp32[1] += 1
             bad = [n for n, t in outs.items() if t != ref]
             assert not bad, f"{spec}: outputs differ from native target-only: {bad}"
             tokens[spec] += len(ref)
     report_sweep(sets, names, seconds, tokens, results)
+    if fp32 is not None:
+        print(
+            f"\nfp32 reference: output equal to the {args.dtype} target's on {same_as_fp32[0]} of "
+            f"{same_as_fp32[1]} prompts (not required: another dtype's argmax may differ)"
+        )
 
 
 def report_sweep(sets, names, seconds, tokens, results) -> None:
-    print(f"\noutputs identical across all {len(names)} decoders on every prompt")
+    checked = [n for n in names if n != FP32_REF]
+    print(f"\noutputs identical across all {len(checked)} checked decoders on every prompt")
     pooled = {n: sum(seconds[s, n] for s in sets) for n in names}
     for label, secs, toks in [
         *((s, {n: seconds[s, n] for n in names}, tokens[s]) for s in sets),
@@ -229,11 +253,20 @@ def report_sweep(sets, names, seconds, tokens, results) -> None:
                 else results.get((label, n), [])
             )
             if rs and rs[0]["k"]:
-                m = metrics.summarize(rs, rs, rs[0]["k"])
+                base_rs = (
+                    [r for s in sets for r in results[s, "native target-only"]]
+                    if label == "pooled"
+                    else results[label, "native target-only"]
+                )
+                m = metrics.summarize(rs, base_rs, rs[0]["k"])
                 extra = (
                     f"  alpha {m['alpha']:.3f}, {m['mean_accepted_length']:.2f} tokens/forward, "
-                    f"{m['tokens_proposed'] / max(1, m['target_forwards']):.2f} drafts/round"
+                    f"{m['tokens_proposed'] / max(1, m['target_forwards']):.2f} drafts/round, "
+                    f"c {m['draft_cost_ratio']:.3f}, v {m['verify_cost_ratio']:.2f}"
                 )
+                if "stop<" not in n:  # the cost model is for a fixed k
+                    model = m["modelled_speedup_verify"]
+                    extra += f", modelled {model:.2f}x (measured/modelled {tps / base / model:.2f})"
             print(f"  {n:28s} {tps:6.2f} tokens/s  {tps / base:5.2f}x{extra}")
         best_native = max((n for n in names if n.startswith("native k")), key=lambda n: -secs[n])
         best_hf = max((n for n in names if n.startswith("HF assisted")), key=lambda n: -secs[n])
@@ -261,6 +294,12 @@ def main() -> None:
     ap.add_argument("--target", default="smollm2-135m-instruct", help="registry name or dir")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     ap.add_argument(
+        "--fp32-reference",
+        action="store_true",
+        help="sweep mode with --dtype bfloat16/float16: also time target-only decoding of an fp32 "
+        "copy of the target (its tokens may differ: counted, not required equal)",
+    )
+    ap.add_argument(
         "--dtype",
         default="float32",
         choices=["float32", "bfloat16", "float16"],
@@ -279,7 +318,10 @@ def main() -> None:
         eos = eos_token_ids(tok, target.generation_config)
         args.few_row = choose_kernels(target, args)
         print(f"target {path}, draft {args.draft}, {args.dtype}, few-row widths {args.few_row}")
-        return sweep(target, draft, tok, args, eos)
+        fp32 = None
+        if args.fp32_reference and dtype != torch.float32:
+            fp32 = load_target(target_cfg, device, torch.float32)
+        return sweep(target, draft, tok, args, eos, fp32)
     if args.draft == "target":
         draft, name = target, "target itself (perfect draft)"
     elif args.draft:
