@@ -7,7 +7,7 @@ same methods.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 from pathlib import Path
 
 import torch
@@ -20,6 +20,22 @@ from draftsmith.distill.losses import TokenSum, distill_loss
 from draftsmith.distill.teacher import CompletionLogits, teacher_signal
 from draftsmith.errors import ConfigError
 from draftsmith.models import count_parameters, load_tokenizer, pick_batch_dtype
+
+# The draft keys the independent kind reads (distill/init.py build_draft), recorded with
+# its checkpoints; `draft.kind` and the other kinds' sections are not among them.
+DRAFT_KEYS = (
+    "init",
+    "model",
+    "num_layers",
+    "layer_selection",
+    "layers",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "dtype",
+)
 
 
 def _uses_target(cfg: Config, loss_name: str) -> bool:
@@ -125,11 +141,10 @@ class IndependentTraining:
     lora_resume: Path | None = None  # distill.lora_rank: the checkpoint whose adapters resume
 
     def draft_settings(self, cfg: Config) -> dict:
-        """The draft keys that change what this kind trains (distill.checkpoint records them)."""
-        d = dataclasses.asdict(cfg.draft)
-        for key in ("kind", "eagle3"):  # which kinds train, and the other kind's section
-            d.pop(key)
-        return d
+        """The draft keys that change what this kind trains (distill.checkpoint records them):
+        an allow-list, so a key or section added for another kind leaves this kind's
+        checkpoints' record, and so their resumption, untouched."""
+        return {key: copy.deepcopy(getattr(cfg.draft, key)) for key in DRAFT_KEYS}
 
     def check_target(self, cfg: Config, target_config, num_ids: int) -> None:
         return None  # distill/init.py checks its own keys when it builds the draft

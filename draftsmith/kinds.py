@@ -21,23 +21,74 @@ shared; a kind brings only:
                  `draft_model`; draftsmith/eagle3_export.py: vLLM `eagle3`), its
                  speculative_config for vLLM and what the model card says about it
 
-A new kind is one more class here and its name in config.DraftKindName. This module
+A new kind is one more DraftKind subclass here (an ABC: a kind missing one of the methods
+cannot be instantiated) and its name in config.DraftKindName. This module
 imports the kinds' code lazily (inside the methods) and none of that code imports this
 module: the stages look a kind up here, the kinds' code never does.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 from draftsmith.config import Config
 from draftsmith.errors import ConfigError
 
 
-class DraftKind:
+class DraftKind(ABC):
+    """What a kind brings to the shared stages (the module docstring lists them)."""
+
     name: str
     root: str  # sub-folder of the run dir holding this kind's checkpoints ("" = the run dir)
     own_tokenizer: bool  # its checkpoints carry a tokenizer (checked against the target's)
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        missing = [a for a in ("name", "root", "own_tokenizer") if not hasattr(cls, a)]
+        if missing:
+            raise TypeError(f"draft kind {cls.__name__} does not set {', '.join(missing)}")
+
+    # -- training and decoding
+    @abstractmethod
+    def training(self):
+        """The loop's side of the kind (distill/train.py): build, teacher, loss parts, files."""
+
+    @abstractmethod
+    def load(self, draft: dict, models):
+        """The module the proposer and the replay run (models: the evaluate stage's loader)."""
+
+    @abstractmethod
+    def proposer(self, module):
+        """The engine's Proposer (evaluate/engine.py) around `module`."""
+
+    @abstractmethod
+    def replay(self):
+        """The teacher-forced greedy replay (evaluate/teacher_forced.py KindReplay)."""
+
+    # -- serving and the model card
+    @abstractmethod
+    def vllm_speculative_config(self, cfg: Config, path: str, k: int) -> dict: ...
+
+    @abstractmethod
+    def export(self, cfg: Config, src: Path, k: int, tmp: Path, out: Path) -> None: ...
+
+    @abstractmethod
+    def speculative_config(self, out: Path, k: int) -> dict: ...
+
+    @abstractmethod
+    def card_kind(self, meta: dict | None) -> str: ...
+
+    @abstractmethod
+    def card_training(self, settings: dict) -> tuple[str, str]: ...
+
+    @abstractmethod
+    def card_usage(self, spec: str, target_path: str, out: Path, k: int) -> str: ...
+
+    def claims(self, model_config: dict) -> bool:
+        """Whether a checkpoint or export folder whose config.json reads `model_config` is
+        this kind's (checkpoint_kind); the independent kind takes what no other claims."""
+        return False
 
     def checkpoints_dir(self, output_dir: Path) -> Path:
         return Path(output_dir) / self.root / "checkpoints"
@@ -167,6 +218,10 @@ class Eagle3Kind(DraftKind):
 
         return speculative_config(out, k)
 
+    def claims(self, model_config: dict) -> bool:
+        # the speculators layout, which eagle3 checkpoints and exports alike are written in
+        return model_config.get("speculators_model_type") == "eagle3"
+
     def card_kind(self, meta: dict | None) -> str:
         m = meta or {}
         e = m.get("settings", {}).get("draft", {}).get("eagle3", {})
@@ -202,6 +257,7 @@ out = SpeculativeDecoder(target, Eagle3Proposer(head), k={k}).generate(prompt_id
 
 
 KINDS: dict[str, DraftKind] = {k.name: k for k in (IndependentKind(), Eagle3Kind())}
+FALLBACK_KIND = "independent"  # a plain causal LM: a baseline, or a folder no kind claims
 
 
 # ----------------------------------------------------------------------------- lookups
@@ -217,21 +273,23 @@ def get_kind(name: str) -> DraftKind:
 
 def kind_of(draft: dict) -> DraftKind:
     """The kind of a draft dict (evaluate.prompts.list_drafts; baselines are independent)."""
-    return get_kind(draft.get("kind") or "independent")
+    return get_kind(draft.get("kind") or FALLBACK_KIND)
 
 
 def checkpoint_kind(path: Path) -> DraftKind:
-    """The kind of a checkpoint or export folder on disk, from its config.json: an eagle3
-    head is written in the speculators layout (`speculators_model_type: eagle3`, its
-    checkpoints and exports alike); anything else is an independent causal LM."""
+    """The kind of a checkpoint or export folder on disk, from its config.json: the kind that
+    claims it (DraftKind.claims), else an independent causal LM."""
     import json
 
-    config = Path(path) / "config.json"
     try:
-        model_type = json.loads(config.read_text()).get("speculators_model_type")
-    except (OSError, ValueError, AttributeError):
-        model_type = None  # unreadable here: the loader names the problem
-    return get_kind("eagle3" if model_type == "eagle3" else "independent")
+        model_config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        model_config = None  # unreadable here: the loader names the problem
+    if isinstance(model_config, dict):
+        for kind in KINDS.values():
+            if kind.claims(model_config):
+                return kind
+    return get_kind(FALLBACK_KIND)
 
 
 def check_target(cfg: Config, target_config, num_ids: int) -> None:

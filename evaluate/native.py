@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import zlib
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
 from draftsmith.config import Config
@@ -30,7 +28,13 @@ from draftsmith.evaluate import teacher_forced, timing
 from draftsmith.evaluate.board import build_row, hardware
 from draftsmith.evaluate.engine import SamplingConfig, SpeculativeDecoder
 from draftsmith.evaluate.prompts import select_prompts
-from draftsmith.evaluate.ranking import check_lossless, costed_sweep_entry, dynamic_sweep_entry
+from draftsmith.evaluate.ranking import (
+    check_lossless,
+    costed_sweep_entry,
+    dynamic_sweep_entry,
+    near_tie_tolerance,
+    target_tie_gap,
+)
 from draftsmith.fast_linear import few_row_counts
 from draftsmith.io import atomic_write_json, kill_hook
 from draftsmith.kinds import kind_of
@@ -352,24 +356,11 @@ class NativeEvaluator:
 
     @property
     def near_tie(self) -> float:
-        """How close two logits may be for another summation order to argmax otherwise:
-        sqrt of the target dtype's machine epsilon, relative (3.5e-4 fp32, 0.088 bf16)."""
-        return math.sqrt(torch.finfo(self.models.dtype).eps)
+        return near_tie_tolerance(self.models.dtype)
 
     def _target_gap(self, prompt_ids, spec: dict, base: dict, pos: int) -> float | None:
-        """The target's relative logit gap between its own token and the speculative one at
-        a first divergence, from one forward over the prompt and the shared prefix (a third
-        summation order beside the verify pass and the 1-token decode). None where one
-        output merely ends earlier: no two tokens to compare."""
-        if pos >= min(len(spec["tokens"]), len(base["tokens"])):
-            return None
-        target = self.models.target()
-        ids = list(prompt_ids) + list(base["tokens"][:pos])
-        with torch.no_grad():
-            out = target(input_ids=torch.tensor([ids], device=target.device), logits_to_keep=1)
-        logits = out.logits[0, -1].float()  # (V,)
-        own, other = logits[base["tokens"][pos]], logits[spec["tokens"][pos]]
-        return ((own - other).abs() / own.abs().clamp_min(1.0)).item()
+        """ranking.target_tie_gap at a first divergence of `spec` from the target's `base`."""
+        return target_tie_gap(self.models.target(), prompt_ids, base["tokens"], spec["tokens"], pos)
 
     def engine_row(
         self,

@@ -13,13 +13,37 @@ reported beside it with its spread, never used to choose while a model figure ex
 
 from __future__ import annotations
 
+import math
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
+
+import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import metrics
 from draftsmith.evaluate.report import METRIC_KEYS
 from draftsmith.models import resolve_model
+
+
+def target_tie_gap(target, prompt_ids, own: Sequence[int], other: Sequence[int], pos: int):
+    """The target's relative logit gap between its own token `own[pos]` and `other[pos]`
+    after the shared prefix, from one forward over prompt + prefix (a third summation order
+    beside a verify pass and a 1-token decode). None where one output merely ends earlier."""
+    if pos >= min(len(own), len(other)):
+        return None
+    ids = list(prompt_ids) + list(own[:pos])
+    with torch.no_grad():
+        out = target(input_ids=torch.tensor([ids], device=target.device), logits_to_keep=1)
+    logits = out.logits[0, -1].float()  # (V,)
+    mine, theirs = logits[own[pos]], logits[other[pos]]
+    return ((mine - theirs).abs() / mine.abs().clamp_min(1.0)).item()
+
+
+def near_tie_tolerance(dtype) -> float:
+    """How close two logits may be for another summation order to argmax otherwise:
+    sqrt of the dtype's machine epsilon, relative (3.5e-4 fp32, 0.088 bf16)."""
+    return math.sqrt(torch.finfo(dtype).eps)
 
 
 def check_lossless(

@@ -37,6 +37,7 @@ import torch
 from draftsmith.config import TargetConfig
 from draftsmith.evaluate import metrics
 from draftsmith.evaluate.engine import SpeculativeDecoder
+from draftsmith.evaluate.ranking import near_tie_tolerance, target_tie_gap
 from draftsmith.hf_export import fixed_k_assistant
 from draftsmith.models import (
     eos_token_ids,
@@ -186,6 +187,23 @@ def decoders(target, draft, args, eos, pad):
 FP32_REF = "fp32 target-only (reference)"
 
 
+def check_same(target, prompt_ids, ref, toks, where: str, ties: dict) -> None:
+    """Output equal to the reference, or leaving it first at a near-tie: the target's own
+    logits of the two tokens within rounding of each other (in bf16 a multi-token verify pass
+    and a 1-token step sum in other orders), counted in `ties`. Anything else is a bug."""
+    pos = metrics.first_mismatch(toks, ref)
+    if pos is None:
+        return
+    gap = target_tie_gap(target, prompt_ids, ref, toks, pos)
+    tolerance = near_tie_tolerance(target.dtype)
+    assert gap is not None and gap <= tolerance, (
+        f"{where}: output differs from native target-only at new token {pos} (target logit gap "
+        f"{gap}, beyond the near-tie tolerance {tolerance:.3g})"
+    )
+    name = where.split(": ", 1)[1]
+    ties[name] = ties.get(name, 0) + 1
+
+
 def sweep(target, draft, tok, args, eos, fp32=None) -> None:
     runs = decoders(target, draft, args, eos, tok.pad_token_id)
     if (
@@ -201,6 +219,7 @@ def sweep(target, draft, tok, args, eos, fp32=None) -> None:
         runs[FP32_REF] = run_fp32
     names = list(runs)
     same_as_fp32 = [0, 0]  # prompts whose fp32 output equals the low-precision one, prompts
+    ties: dict[str, int] = {}  # decoder -> prompts that left the reference at a near-tie
     sets = {spec: set_prompts(spec, tok, args.prompts) for spec in args.sets}
     for run in runs.values():  # warm-up: allocator, lazy kernels
         run(next(iter(sets.values()))[0][:32])
@@ -223,10 +242,16 @@ def sweep(target, draft, tok, args, eos, fp32=None) -> None:
             if FP32_REF in outs:
                 same_as_fp32[0] += outs.pop(FP32_REF) == ref
                 same_as_fp32[1] += 1
-            bad = [n for n, t in outs.items() if t != ref]
-            assert not bad, f"{spec}: outputs differ from native target-only: {bad}"
+            for name, toks in outs.items():
+                check_same(target, ids, ref, toks, f"{spec}: {name}", ties)
             tokens[spec] += len(ref)
     report_sweep(sets, names, seconds, tokens, results)
+    if ties:
+        print(
+            f"\nnear-ties (first divergence from native target-only where the target's own logits "
+            f"of the two tokens are within {near_tie_tolerance(target.dtype):.3g}, relative): "
+            + ", ".join(f"{n} {c}" for n, c in sorted(ties.items()))
+        )
     if fp32 is not None:
         print(
             f"\nfp32 reference: output equal to the {args.dtype} target's on {same_as_fp32[0]} of "
@@ -236,7 +261,10 @@ def sweep(target, draft, tok, args, eos, fp32=None) -> None:
 
 def report_sweep(sets, names, seconds, tokens, results) -> None:
     checked = [n for n in names if n != FP32_REF]
-    print(f"\noutputs identical across all {len(checked)} checked decoders on every prompt")
+    print(
+        f"\noutputs of all {len(checked)} checked decoders equal native target-only's on every "
+        "prompt, or leave it at a near-tie (counted below)"
+    )
     pooled = {n: sum(seconds[s, n] for s in sets) for n in names}
     for label, secs, toks in [
         *((s, {n: seconds[s, n] for n in names}, tokens[s]) for s in sets),

@@ -197,3 +197,60 @@ def test_comparisons_pair_drafts_within_their_kind():
         ("checkpoint-4", "checkpoint-0"),
         ("eagle3-checkpoint-4", "eagle3-checkpoint-0"),
     ]
+
+
+def test_a_kind_missing_part_of_the_interface_cannot_be_made():
+    from draftsmith.kinds import DraftKind, IndependentKind
+
+    class NoReplay(DraftKind):  # every method but replay
+        name, root, own_tokenizer = "no-replay", "no-replay", False
+        training = load = proposer = IndependentKind.training
+        vllm_speculative_config = export = speculative_config = IndependentKind.export
+        card_kind = card_training = card_usage = IndependentKind.card_kind
+
+    with pytest.raises(TypeError, match="abstract method 'replay'"):
+        NoReplay()
+    with pytest.raises(TypeError, match="draft kind Nameless does not set name, root"):
+
+        class Nameless(DraftKind):
+            own_tokenizer = False
+
+
+def test_checkpoint_kind_asks_each_kind_and_falls_back_to_independent(tmp_path):
+    from draftsmith.kinds import checkpoint_kind
+
+    for name, config in [
+        ("eagle3", '{"speculators_model_type": "eagle3"}'),
+        ("independent", '{"model_type": "llama"}'),
+        ("independent", "[1, 2]"),  # not a mapping: the loader names the problem later
+        ("independent", None),  # no config.json
+    ]:
+        folder = tmp_path / f"{name}-{len(list(tmp_path.iterdir()))}"
+        folder.mkdir()
+        if config is not None:
+            (folder / "config.json").write_text(config)
+        assert checkpoint_kind(folder).name == name
+
+
+def test_independent_records_an_allow_list_of_draft_keys():
+    """The recorded settings are the independent kind's own keys: a new kind's section (or
+    another key) added to draft changes nothing that its checkpoints were trained with."""
+    import dataclasses
+
+    from draftsmith.config import DraftConfig
+    from draftsmith.distill.independent_train import DRAFT_KEYS, IndependentTraining
+
+    cfg = config_from_dict({"draft": {"init": "config", "num_hidden_layers": 3}})
+    recorded = IndependentTraining().draft_settings(cfg)
+    fields = {f.name for f in dataclasses.fields(DraftConfig)}
+    # every draft field is the kind's, the kind switch, or another kind's own section
+    assert fields == set(DRAFT_KEYS) | {"kind"} | {n for n in KINDS if n != "independent"}
+    assert recorded == {k: getattr(cfg.draft, k) for k in DRAFT_KEYS}
+    assert recorded["num_hidden_layers"] == 3 and "eagle3" not in recorded
+
+    @dataclasses.dataclass
+    class WithMedusa(DraftConfig):  # a third kind's section appears beside eagle3
+        medusa: dict = dataclasses.field(default_factory=lambda: {"heads": 4})
+
+    wider = dataclasses.replace(cfg, draft=WithMedusa(**dataclasses.asdict(cfg.draft)))
+    assert IndependentTraining().draft_settings(wider) == recorded
