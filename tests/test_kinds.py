@@ -208,7 +208,7 @@ def test_a_kind_missing_part_of_the_interface_cannot_be_made():
         vllm_speculative_config = export = speculative_config = IndependentKind.export
         card_kind = card_training = card_usage = IndependentKind.card_kind
 
-    with pytest.raises(TypeError, match="abstract method 'replay'"):
+    with pytest.raises(TypeError, match="abstract method '?replay"):
         NoReplay()
     with pytest.raises(TypeError, match="draft kind Nameless does not set name, root"):
 
