@@ -38,7 +38,7 @@ class Encoded:
     ids: list[int]
     category: str
     source: str
-    # kind=score: the source's reply to score, tokenized and cut to max_new_tokens (+ EOS
+    # replies=score: the source's reply to score, tokenized and cut to max_new_tokens (+ EOS
     # when it ends within them); None: the target writes the completion.
     reply_ids: list[int] | None = None
     messages: tuple[tuple[str, str], ...] = ()  # the conversation before rendering

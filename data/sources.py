@@ -60,7 +60,7 @@ class Prompt:
     # target's own answer; not part of the prompt's identity.
     followups: tuple[str, ...] = ()
     id: str | None = None  # the source's own id (MT-bench question_id), when it has one
-    # kind=score sources: the reply the source gives to this prompt, which the target scores
+    # replies=score sources: the reply the source gives to this prompt, which the target scores
     # instead of writing its own; not part of the prompt's identity.
     reply: str | None = None
 
@@ -411,15 +411,17 @@ def _load_pairs(src: PromptSource, seed: int, index: int) -> list[tuple[Prompt, 
 
 def load_source(src: PromptSource, seed: int, index: int = 0) -> list[Prompt]:
     """One config source -> prompts (filtered, duplicates within it dropped, `limit` applied
-    by category); a kind=score source's prompts carry their reply, those without one are
+    by category); a replies=score source's prompts carry their reply, those without one are
     dropped (said once)."""
     pairs = _load_pairs(src, seed, index)
-    if src.kind != "score":
+    if src.replies != "score":
         return [p for p, _ in pairs]
     scored = [dataclasses.replace(p, reply=r) for p, r in pairs if r and r.strip()]
     where = source_label(src, index)
     if not scored:
-        raise ConfigError(f"{where}: kind 'score' but none of its {len(pairs)} prompts has a reply")
+        raise ConfigError(
+            f"{where}: replies 'score' but none of its {len(pairs)} prompts has a reply"
+        )
     if len(scored) < len(pairs):
         print(f"{where}: {len(pairs) - len(scored):,} prompts without a reply to score dropped")
     return scored

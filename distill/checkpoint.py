@@ -1,7 +1,7 @@
 """Checkpoints: `checkpoints/checkpoint-<step>/`, each a loadable HF model dir plus train state.
 
 Layout of one checkpoint (the stage contract):
-    the model files of its kind (draftsmith/kinds.py): an independent draft's HF model dir
+    the model files of its kind (draftsmith/kinds/): an independent draft's HF model dir
     (model.safetensors, config.json, generation_config.json, tokenizer files), an eagle3
     head's speculators layout (config.json, model.safetensors; the target's embeddings
     are not copied)
@@ -128,9 +128,9 @@ BOOKKEEPING = ("save_every", "save_steps", "keep_last", "log_every", "resume", "
 def training_settings(cfg: Config, loss_name: str, kind) -> dict:
     """Every setting that changes what training produces, by config section.
 
-    `kind`: the kind's training side (distill/independent_train.py IndependentTraining, eagle3_train.
-    Eagle3Training); the draft section holds its name and the keys that kind reads, so
-    adding a kind to draft.kind, or changing another kind's keys, leaves it untouched.
+    `kind`: the kind's training side (DraftKind.training(): draftsmith/kinds/); the draft
+    section holds its name and the keys that kind reads, so adding a kind to draft.kind, or
+    changing another kind's keys, leaves it untouched.
     """
     distill = dataclasses.asdict(cfg.distill)
     for key in BOOKKEEPING:

@@ -47,7 +47,6 @@ from draftsmith.distill.checkpoint import (
     save_checkpoint,
     training_settings,
 )
-from draftsmith.distill.independent_train import IndependentTraining
 from draftsmith.distill.teacher import (
     CompletionLogits,
     is_on_policy_step,
@@ -55,6 +54,7 @@ from draftsmith.distill.teacher import (
 )
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.io import clean_stale_temps
+from draftsmith.kinds.independent.train import IndependentTraining
 from draftsmith.models import (
     batched_bf16,
     load_target,
@@ -83,7 +83,7 @@ class Trainer:
     tokenizer: object
     meta: dict
     checkpoints_dir: Path
-    kind: object  # the kind's training side: IndependentTraining, eagle3_train.Eagle3Training
+    kind: object  # the kind's training side (DraftKind.training(), draftsmith/kinds/)
     target_config: object
     step: int = 0
     history: list[float] = field(default_factory=list)
@@ -410,12 +410,12 @@ def train_draft(
 ) -> Path:
     """Train a draft into `checkpoints_dir`; returns the final checkpoint's path.
 
-    `kind`: the training side of a kind of draft (draftsmith/kinds.py `training()`);
+    `kind`: the training side of a kind of draft (draftsmith/kinds/ `training()`);
     default the independent draft (IndependentTraining). `loss_override` trains a twin with
     another loss (e.g. "ce") on the same data, steps and init, for ablations. Resumable
     per distill.resume; a finished run returns at once.
     """
-    kind = kind or IndependentTraining()  # distill/independent_train.py
+    kind = kind or IndependentTraining()  # draftsmith/kinds/independent/train.py
     checkpoints_dir = Path(checkpoints_dir)
     dcfg = cfg.distill
     loss_name = loss_override or dcfg.loss

@@ -19,12 +19,8 @@ from typing import Any, Literal
 import yaml
 
 from draftsmith.errors import ConfigError
-from draftsmith.schema import apply_override, build, parse_override, read_yaml
-
-
-def _range(**bounds: float) -> dict:
-    return {"bounds": bounds}
-
+from draftsmith.kinds.eagle3.config import Eagle3Config  # draft.eagle3: the kind's own section
+from draftsmith.schema import apply_override, bounds, build, parse_override, read_yaml
 
 # The distillation losses: the one list of their names (distill/losses.py reads it as LOSSES).
 LossName = Literal["forward_kl", "reverse_kl", "jsd", "tvd", "ce"]
@@ -58,53 +54,17 @@ class TargetConfig:
     trust_remote_code: bool = False
 
 
-# The kinds of draft (draftsmith/kinds.py registers what each one brings).
-DraftKindName = Literal["independent", "eagle3"]
-
-
-@dataclass
-class Eagle3Config:
-    """What only the eagle3 kind has: a head on the target's own hidden states (draftsmith/eagle3.py)."""
-
-    # The target layers whose input hidden states the head reads: 3 distinct ids, low to
-    # high. null: (2, n // 2, n - 3) for an n-layer target, as vLLM and speculators choose
-    # (it needs n >= 7: a 4-layer test target must list them, e.g. [1, 2, 3]).
-    aux_layer_ids: list[int] | None = None
-    # The head predicts only the target's draft_vocab_size most frequent tokens in the
-    # training data (draftsmith/reduced_vocab.py); the default was chosen by measurement
-    # (README, "Choosing the head's defaults").
-    draft_vocab_size: int = field(default=8192, metadata=_range(ge=1))
-    # Training-time test: drafting steps unrolled per position, step j reading the head's
-    # own state of step j-1 (speculators' default 3). The loss sums the steps' token
-    # means, step j weighted ttt_loss_decay**j (1: speculators' equal weights; the default
-    # by measurement, README "Choosing the head's defaults").
-    ttt_steps: int = field(default=3, metadata=_range(ge=1))
-    ttt_loss_decay: float = field(default=0.5, metadata=_range(gt=0, le=1))
-    # Residual from the normalised feature (true) or the raw one (false); vLLM reads a
-    # missing key as true and speculators as false, so the export always writes it.
-    norm_before_residual: bool = False
-    # Start lm_head from the target's output rows of the draft vocabulary (as speculators
-    # does), and whether it trains (false: only fc, the layer and the norm do).
-    lm_head_from_target: bool = True
-    train_lm_head: bool = True
-    # The head's own learning rate (null: distill.lr). A head trained from scratch wants a
-    # far larger step than a pretrained independent draft being fine-tuned in the same run.
-    lr: float | None = field(default=None, metadata=_range(gt=0))
-    # Export the target's token embeddings with the head: speculators 0.9 does not reliably
-    # fill missing ones (draftsmith/eagle3_export.py); vLLM shares the target's either way.
-    include_embeddings: bool = True
-
-
 @dataclass
 class DraftConfig:
-    # independent (its own layers, embeddings and head), eagle3 (a head on the target's
-    # hidden states), or a list naming both: `draftsmith run` then trains and ranks both.
-    kind: DraftKindName | list[DraftKindName] = "independent"
+    # A kind registered in draftsmith/kinds/: independent (its own layers, embeddings and
+    # head), eagle3 (a head on the target's hidden states), or a list naming several:
+    # `draftsmith run` then trains and ranks them all. Names are checked against the registry.
+    kind: str | list[str] = "independent"
     init: Literal["from_target", "pretrained", "config"] = "from_target"
     # init=pretrained: any model reference sharing the target's vocabulary.
     model: str | None = None
     # init=from_target: keep `num_layers` layers chosen by `layer_selection`, or the explicit `layers`.
-    num_layers: int = field(default=2, metadata=_range(ge=1))
+    num_layers: int = field(default=2, metadata=bounds(ge=1))
     layer_selection: Literal["first", "spread", "first_last"] = "first"
     layers: list[int] | None = None
     # init=config: a fresh model of the target's family; None copies the target's value.
@@ -124,6 +84,7 @@ class DraftConfig:
 
 @dataclass
 class PromptSource:
+    RENAMED_KEYS = {"kind": "replies"}  # `kind` read too easily as the draft's kind
     # One of: `builtin` (draftsmith | humaneval | sharegpt | mtbench), `path` (jsonl/json/csv/
     # parquet file or a `datasets.save_to_disk` dir) or `hub` (a hub dataset id, for users who
     # have a hub).
@@ -133,17 +94,18 @@ class PromptSource:
     hub_split: str = "train"
     prompt_field: str = "prompt"  # plain text prompt ...
     messages_field: str | None = None  # ... or chat messages [{role, content}, ...]
-    # kind=score: the text that answered the prompt in the source, scored by the target
+    # replies=score: the text that answered the prompt in the source, scored by the target
     # instead of written by it. sharegpt: the assistant turn that followed; messages_field:
     # a final assistant message; prompt_field records: this field.
     reply_field: str | None = None
     category_field: str | None = "category"
     category: str | None = None  # fixed category for every prompt of this source
-    limit: int | None = field(default=None, metadata=_range(ge=1))
-    # target: the target writes each completion (data.max_new_tokens, its sampling settings);
-    # score: the source's own reply, cut to data.max_new_tokens, is scored by the target in
-    # one teacher-forced forward (top-k log-probs as for written text, no decoding).
-    kind: Literal["target", "score"] = "target"
+    limit: int | None = field(default=None, metadata=bounds(ge=1))
+    # Where the training replies come from. target: the target writes each completion
+    # (data.max_new_tokens, its sampling settings); score: the source's own reply, cut to
+    # data.max_new_tokens, is scored by the target in one teacher-forced forward (top-k
+    # log-probs as for written text, no decoding). Was `kind` (still read, with a warning).
+    replies: Literal["target", "score"] = "target"
     # train: every prompt is trained on; eval: every prompt is held out (never trained on, and
     # no training prompt may be a near-duplicate of it); both: split by data.eval_fraction.
     role: Literal["train", "eval", "both"] = "both"
@@ -153,8 +115,8 @@ class PromptSource:
     # Filters, any source: prompt length in characters (all its messages), and keep only
     # prompts whose letters are mostly Latin script (data/sources.py LATIN_SHARE). null takes
     # the builtin's own default (BUILTIN_FILTERS), else no filter.
-    min_chars: int | None = field(default=None, metadata=_range(ge=1))
-    max_chars: int | None = field(default=None, metadata=_range(ge=1))
+    min_chars: int | None = field(default=None, metadata=bounds(ge=1))
+    max_chars: int | None = field(default=None, metadata=bounds(ge=1))
     latin_only: bool | None = None
 
     def __post_init__(self):
@@ -176,9 +138,9 @@ BUILTIN_FILTERS: dict[str, dict[str, Any]] = {
 class VllmConfig:
     """vllm.LLM settings for the target: `data.vllm` (generate) and `evaluate.vllm`."""
 
-    tensor_parallel_size: int = field(default=1, metadata=_range(ge=1))
+    tensor_parallel_size: int = field(default=1, metadata=bounds(ge=1))
     max_model_len: int | None = None
-    gpu_memory_utilization: float = field(default=0.9, metadata=_range(gt=0, le=1))
+    gpu_memory_utilization: float = field(default=0.9, metadata=bounds(gt=0, le=1))
 
 
 @dataclass
@@ -191,26 +153,26 @@ class DataConfig:
     )
     chat_template: bool = True
     system_prompt: str | None = None
-    eval_fraction: float = field(default=0.2, metadata=_range(gt=0, lt=1))
+    eval_fraction: float = field(default=0.2, metadata=bounds(gt=0, lt=1))
     # caps each eval set on its own (each role=eval source, and the held-out split of the
     # role=both sources): adding MT-bench never shrinks the held-out set, nor the reverse
-    max_eval_prompts: int | None = field(default=None, metadata=_range(ge=1))
-    max_train_prompts: int | None = field(default=None, metadata=_range(ge=1))
+    max_eval_prompts: int | None = field(default=None, metadata=bounds(ge=1))
+    max_train_prompts: int | None = field(default=None, metadata=bounds(ge=1))
     backend: Literal["hf", "vllm"] = "hf"
-    max_new_tokens: int = field(default=64, metadata=_range(ge=1))
-    temperature: float = field(default=0.0, metadata=_range(ge=0))
-    top_p: float = field(default=1.0, metadata=_range(gt=0, le=1))
-    top_k: int = field(default=0, metadata=_range(ge=0))  # 0: off
-    n: int = field(default=1, metadata=_range(ge=1))
-    batch_size: int = field(default=16, metadata=_range(ge=1))
+    max_new_tokens: int = field(default=64, metadata=bounds(ge=1))
+    temperature: float = field(default=0.0, metadata=bounds(ge=0))
+    top_p: float = field(default=1.0, metadata=bounds(gt=0, le=1))
+    top_k: int = field(default=0, metadata=bounds(ge=0))  # 0: off
+    n: int = field(default=1, metadata=bounds(ge=1))
+    batch_size: int = field(default=16, metadata=bounds(ge=1))
     # HF backend: a batch also stays under this many sequence x (prompt + max_new_tokens)
     # tokens. Each decode step reads the whole KV cache, so long prompts in a full batch
     # decode slower per token than in a smaller one (README, Config reference). null: batch_size alone.
-    max_batch_tokens: int | None = field(default=16384, metadata=_range(ge=1))
-    shard_size: int = field(default=64, metadata=_range(ge=1))
-    topk_logprobs: int = field(default=0, metadata=_range(ge=0))  # 0: store none
+    max_batch_tokens: int | None = field(default=16384, metadata=bounds(ge=1))
+    shard_size: int = field(default=64, metadata=bounds(ge=1))
+    topk_logprobs: int = field(default=0, metadata=bounds(ge=0))  # 0: store none
     max_prompt_tokens: int | None = field(
-        default=None, metadata=_range(ge=1)
+        default=None, metadata=bounds(ge=1)
     )  # None: model context
     too_long: Literal["skip", "error"] = "skip"
     vllm: VllmConfig = field(default_factory=VllmConfig)
@@ -219,25 +181,25 @@ class DataConfig:
 @dataclass
 class DistillConfig:
     loss: LossName = "forward_kl"
-    beta: float = field(default=0.5, metadata=_range(gt=0, lt=1))  # generalized JSD only
-    temperature: float = field(default=1.0, metadata=_range(gt=0))
-    ce_weight: float = field(default=0.0, metadata=_range(ge=0))  # extra hard-label CE term
+    beta: float = field(default=0.5, metadata=bounds(gt=0, lt=1))  # generalized JSD only
+    temperature: float = field(default=1.0, metadata=bounds(gt=0))
+    ce_weight: float = field(default=0.0, metadata=bounds(ge=0))  # extra hard-label CE term
     teacher: Literal["online", "offline"] = "online"
-    on_policy_fraction: float = field(default=0.0, metadata=_range(ge=0, le=1))
-    on_policy_temperature: float = field(default=1.0, metadata=_range(gt=0))
-    lr: float = field(default=5e-4, metadata=_range(gt=0))
-    weight_decay: float = field(default=0.0, metadata=_range(ge=0))
-    warmup_steps: int = field(default=10, metadata=_range(ge=0))
+    on_policy_fraction: float = field(default=0.0, metadata=bounds(ge=0, le=1))
+    on_policy_temperature: float = field(default=1.0, metadata=bounds(gt=0))
+    lr: float = field(default=5e-4, metadata=bounds(gt=0))
+    weight_decay: float = field(default=0.0, metadata=bounds(ge=0))
+    warmup_steps: int = field(default=10, metadata=bounds(ge=0))
     # cosine: decay to 0 at max_steps (the best final checkpoint); constant: flat after warmup,
     # so intermediate checkpoints of one run are comparable points of a data-scaling curve
     lr_schedule: Literal["cosine", "constant"] = "cosine"
-    max_steps: int = field(default=100, metadata=_range(ge=1))
-    batch_size: int = field(default=8, metadata=_range(ge=1))
-    grad_accum_steps: int = field(default=1, metadata=_range(ge=1))
-    max_grad_norm: float = field(default=1.0, metadata=_range(gt=0))
+    max_steps: int = field(default=100, metadata=bounds(ge=1))
+    batch_size: int = field(default=8, metadata=bounds(ge=1))
+    grad_accum_steps: int = field(default=1, metadata=bounds(ge=1))
+    max_grad_norm: float = field(default=1.0, metadata=bounds(gt=0))
     # auto: bf16 on cuda (where supported) and on CPUs with native bf16 matmuls, else no
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
-    max_seq_len: int | None = field(default=None, metadata=_range(ge=2))
+    max_seq_len: int | None = field(default=None, metadata=bounds(ge=2))
     # Keep the token embeddings (and the LM head they are tied to) as the target's: the
     # head's weight gradient is the costliest matmul of a small draft's step, and a frozen
     # head keeps the logits of tokens the training data never shows where the target put them.
@@ -245,18 +207,18 @@ class DistillConfig:
     # Train only the last this-many decoder layers (and the final norm, and the head unless
     # freeze_embeddings): the backward pass then stops at the lowest trained layer, which is
     # what makes fine-tuning a pretrained draft (init=pretrained) cheaper on a CPU. null: all.
-    train_layers: int | None = field(default=None, metadata=_range(ge=1))
+    train_layers: int | None = field(default=None, metadata=bounds(ge=1))
     # Low-rank adapters instead of full weights (distill/lora.py): rank r on every attention
     # and MLP projection (of the last train_layers layers when set), scaled by lora_alpha / r
     # (null: 2r); embeddings and head frozen. Checkpoints hold the merged weights. null: off.
-    lora_rank: int | None = field(default=None, metadata=_range(ge=1))
-    lora_alpha: float | None = field(default=None, metadata=_range(gt=0))
-    save_every: int = field(default=50, metadata=_range(ge=1))
+    lora_rank: int | None = field(default=None, metadata=bounds(ge=1))
+    lora_alpha: float | None = field(default=None, metadata=bounds(gt=0))
+    save_every: int = field(default=50, metadata=bounds(ge=1))
     # Extra steps to save at besides every save_every, e.g. log-spaced [8, 16, 32, 64] for
     # a curve of acceptance against teacher tokens (scripts/budget_curve.py --x tokens).
     save_steps: list[int] = field(default_factory=list)
-    keep_last: int | None = field(default=None, metadata=_range(ge=1))
-    log_every: int = field(default=10, metadata=_range(ge=1))
+    keep_last: int | None = field(default=None, metadata=bounds(ge=1))
+    log_every: int = field(default=10, metadata=bounds(ge=1))
     resume: str = "auto"  # auto | never | path to a checkpoint dir
     # Also train a twin with plain cross-entropy (same data, steps, init) into
     # <output_dir>/ablations/ce/, so the leaderboard shows what the KL loss buys.
@@ -266,30 +228,30 @@ class DistillConfig:
 @dataclass
 class EvaluateConfig:
     backend: Literal["native", "vllm"] = "native"
-    num_speculative_tokens: int = field(default=4, metadata=_range(ge=1, le=32))  # k for ranking
+    num_speculative_tokens: int = field(default=4, metadata=bounds(ge=1, le=32))  # k for ranking
     k_sweep: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 6, 8])  # best checkpoint only
     # Dynamic lookahead, swept beside k for the best draft: a round stops drafting after a
     # token the draft gave less than this probability (at most max(k_sweep) per round).
     # Measured by the engine on the engine's prompts; each threshold in (0, 1).
     stop_thresholds: list[float] = field(default_factory=list)
-    temperature: float = field(default=0.0, metadata=_range(ge=0))
-    top_p: float = field(default=1.0, metadata=_range(gt=0, le=1))
-    top_k: int = field(default=0, metadata=_range(ge=0))
-    max_new_tokens: int = field(default=64, metadata=_range(ge=1))
-    max_prompts: int | None = field(default=None, metadata=_range(ge=1))  # per eval set
+    temperature: float = field(default=0.0, metadata=bounds(ge=0))
+    top_p: float = field(default=1.0, metadata=bounds(gt=0, le=1))
+    top_k: int = field(default=0, metadata=bounds(ge=0))
+    max_new_tokens: int = field(default=64, metadata=bounds(ge=1))
+    max_prompts: int | None = field(default=None, metadata=bounds(ge=1))  # per eval set
     # The eval set the best draft is chosen on and the k sweep runs on; None: mtbench when the
     # run has it, else the first set of data/eval_prompts.jsonl.
     primary_eval_set: str | None = None
     # Greedy: every draft is ranked on every prompt by its exact teacher-forced counts; the
     # engine (speedup, losslessness, k sweep) then decodes the best drafts on at most this many
     # prompts per set (None: all). 8 x 32 tokens: ~30 s a draft at SmolLM2's ~10 tokens/s here.
-    engine_max_prompts: int | None = field(default=8, metadata=_range(ge=1))
+    engine_max_prompts: int | None = field(default=8, metadata=bounds(ge=1))
     # Interleaved repeats of the draft/verify cost timing behind the recommended k.
-    cost_repeats: int = field(default=30, metadata=_range(ge=3))
+    cost_repeats: int = field(default=30, metadata=bounds(ge=3))
     # Also ask each prompt's second turn (MT-bench turn 2) after the target's own greedy answer
     # to turn 1 (at most turn2_answer_tokens, cached), as the eval set `<set>-turn2`.
     turn2: bool = False
-    turn2_answer_tokens: int = field(default=128, metadata=_range(ge=1))
+    turn2_answer_tokens: int = field(default=128, metadata=bounds(ge=1))
     baselines: list[str] = field(default_factory=list)  # extra drafts: model refs or dirs
     select_metric: Literal["acceptance_rate", "mean_accepted_length", "speedup"] = "acceptance_rate"
     on_mismatch: Literal["error", "warn"] = "error"  # greedy losslessness failures
@@ -406,45 +368,35 @@ def _check_cross_fields(cfg: Config) -> None:
 
 
 def _check_draft_kinds(cfg: Config) -> None:
+    """draft.kind's shape; which names exist and what each kind needs of the rest of the
+    config are the kinds registry's (draftsmith/kinds/ check_config, run by the CLI before
+    anything is written): this module names no kind, and imports none."""
     kinds = cfg.draft.kinds
     if not kinds:
-        raise ConfigError("draft.kind: name at least one kind (independent, eagle3)")
+        raise ConfigError("draft.kind: name at least one kind (independent, eagle3, ...)")
     if len(set(kinds)) != len(kinds):
         raise ConfigError(f"draft.kind: {kinds} names a kind twice")
-    if "eagle3" not in kinds:
-        return
-    ids = cfg.draft.eagle3.aux_layer_ids
-    if ids is not None and (len(ids) != 3 or len(set(ids)) != 3 or min(ids) < 0):
-        raise ConfigError(
-            f"draft.eagle3.aux_layer_ids: {ids} must be 3 distinct layer ids >= 0 (or null)"
-        )
-    if cfg.distill.on_policy_fraction > 0:
-        raise ConfigError(
-            "distill.on_policy_fraction: the eagle3 kind trains on the target's own text "
-            "(its training-time test drafts from its own states); set it to 0 or drop eagle3 "
-            "from draft.kind"
-        )
 
 
 def _check_score_source(cfg: Config, src: PromptSource, i: int) -> None:
-    """kind=score needs replies to score, a role that trains, and top-k log-probs to store."""
+    """replies=score needs replies to score, a role that trains, and top-k log-probs to store."""
     if src.reply_field and not (src.path or src.hub):
         raise ConfigError(f"data.sources[{i}].reply_field: only file and hub sources have fields")
-    if src.kind != "score":
+    if src.replies != "score":
         return
     has_replies = src.builtin == "sharegpt" or src.messages_field or src.reply_field
     if not has_replies:
         raise ConfigError(
-            f"data.sources[{i}].kind: 'score' needs replies to score: the sharegpt builtin, a "
+            f"data.sources[{i}].replies: 'score' needs replies to score: the sharegpt builtin, a "
             "messages_field whose conversations end with an assistant turn, or a reply_field"
         )
     if src.role == "eval":
         raise ConfigError(
-            f"data.sources[{i}].kind: 'score' makes training text, but role 'eval' never trains"
+            f"data.sources[{i}].replies: 'score' makes training text, but role 'eval' never trains"
         )
     if cfg.data.topk_logprobs == 0:
         raise ConfigError(
-            f"data.topk_logprobs: must be > 0 when data.sources[{i}] has kind 'score' (scoring "
+            f"data.topk_logprobs: must be > 0 when data.sources[{i}] has replies 'score' (scoring "
             "stores the target's top-k log-probs)"
         )
 

@@ -3,7 +3,7 @@
 Reads `<output_dir>/eval/leaderboard.json` (written by evaluate) and writes
 `<output_dir>/export/` (or `export.output_dir`) atomically: the directory
 appears complete or not at all. What the model files are is the chosen row's kind's
-business (draftsmith/kinds.py): an independent draft is a clean HF model dir (vLLM
+business (draftsmith/kinds/): an independent draft is a clean HF model dir (vLLM
 method `draft_model`, or transformers' `assistant_model=`), an eagle3 head the
 speculators layout (vLLM method `eagle3`), each validated before the rename.
 

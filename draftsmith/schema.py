@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import math
 import re
+import sys
 import types
 import typing
 from pathlib import Path
@@ -96,7 +97,12 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     raise TypeError(f"unsupported config type {tp!r} at {key}")  # a schema bug, not user error
 
 
-def check_bounds(value: Any, bounds: dict, key: str) -> None:
+def bounds(**limits: float) -> dict:
+    """A dataclass field's metadata: the bounds build() checks (ge, gt, le, lt)."""
+    return {"bounds": limits}
+
+
+def check_bounds(value: Any, limits: dict, key: str) -> None:
     if value is None:
         return
     ops = {
@@ -105,7 +111,7 @@ def check_bounds(value: Any, bounds: dict, key: str) -> None:
         "le": (lambda v, b: v <= b, "<="),
         "lt": (lambda v, b: v < b, "<"),
     }
-    for name, bound in bounds.items():
+    for name, bound in limits.items():
         ok, sym = ops[name]
         if not ok(value, bound):
             raise ConfigError(f"{key}: must be {sym} {bound}, got {value!r}")
@@ -114,6 +120,7 @@ def check_bounds(value: Any, bounds: dict, key: str) -> None:
 def build(cls: type, raw: dict, prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    raw = rename_keys(cls, raw, prefix)
     kwargs = {}
     for name, value in raw.items():
         key = f"{prefix}.{name}" if prefix else str(name)
@@ -123,6 +130,24 @@ def build(cls: type, raw: dict, prefix: str) -> Any:
         check_bounds(value, fields[name].metadata.get("bounds", {}), key)
         kwargs[name] = value
     return cls(**kwargs)
+
+
+def rename_keys(cls: type, raw: dict, prefix: str) -> dict:
+    """A section's renamed keys (its class's RENAMED_KEYS, old -> new) read under their new
+    name, with a one-line warning on stderr; giving both names is an error."""
+    renamed = getattr(cls, "RENAMED_KEYS", {})
+    if not any(old in raw for old in renamed):
+        return raw
+    out = dict(raw)
+    for old, new in renamed.items():
+        if old not in out:
+            continue
+        old_key, new_key = (f"{prefix}.{k}" if prefix else k for k in (old, new))
+        if new in out:
+            raise ConfigError(f"{old_key}: renamed {new}; set only {new_key}")
+        print(f"draftsmith: warning: {old_key} is deprecated, read as {new_key}", file=sys.stderr)
+        out[new] = out.pop(old)
+    return out
 
 
 def suggest(name: str, fields: dict, prefix: str) -> str:

@@ -17,9 +17,9 @@ One round, with the committed sequence `seq` of length n (both caches hold at mo
 With no draft (or k = 0) the same loop is the target-only baseline: one 1-token target
 forward per emitted token, same caches, same sampling code, so speed comparisons are fair.
 
-The draft side is a `Proposer` (one per kind of draft, draftsmith/kinds.py): prefill,
+The draft side is a `Proposer` (one per kind of draft, draftsmith/kinds/): prefill,
 propose (tokens and q over the target vocabulary), crop, observe. IndependentProposer is
-the causal-LM draft described above; evaluate/eagle3_proposer.py drafts with an eagle3
+the causal-LM draft described above; draftsmith/kinds/eagle3/proposer.py drafts with an eagle3
 head, which reads the target's hidden states: the engine then asks the target's prefill and
 verify passes for those layers' states and hands them over. The invariant both keep: with
 n committed tokens the target's cache holds n-1 and the first round feeds seq[-1] + drafts.

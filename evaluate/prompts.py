@@ -84,7 +84,7 @@ def list_drafts(
     """Each kind's checkpoint-<step> (by step) and its CE twin's last checkpoint, then
     evaluate.baselines.
 
-    `kind` says which kind of draft it is (draftsmith/kinds.py: how it is loaded and run;
+    `kind` says which kind of draft it is (draftsmith/kinds/: how it is loaded and run;
     baselines are independent drafts); `name` is unique across kinds (an eagle3 checkpoint
     is `eagle3-checkpoint-<step>`). `role` says what a draft is, for reports: "init"
     (checkpoint-0), "distilled" (the configured loss), "ce_twin" (distill.ce_baseline) or

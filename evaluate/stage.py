@@ -6,7 +6,7 @@ with evaluate.turn2 also `<set>-turn2`, evaluate/second_turn.py):
      timings, and at temperature 0 the target's own greedy output);
   2. every draft on every prompt at k = evaluate.num_speculative_tokens: greedy, one
      teacher-forced pass over the target's output replayed into the engine's exact counts
-     (each draft kind's own replay, draftsmith/kinds.py: evaluate/teacher_forced.py for an
+     (each draft kind's own replay, draftsmith/kinds/: evaluate/teacher_forced.py for an
      independent draft, one per k for an EAGLE-3 head);
      sampled, the engine itself;
   3. greedy: the real engine on the best draft of each kind and the drafts in

@@ -19,7 +19,7 @@ exactly on the runs compared in the README).
 
 That is the independent draft's replay. A draft kind whose later drafts in a round read
 its own earlier states (an EAGLE-3 head) brings its own pass through the kinds registry
-(`KindReplay`; evaluate/eagle3_proposer.py): one target forward, then the head's steps
+(`KindReplay`; draftsmith/kinds/eagle3/proposer.py): one target forward, then the head's steps
 round by round, at each k.
 """
 
@@ -201,7 +201,7 @@ def check_replay(
 
 @dataclass(frozen=True)
 class KindReplay:
-    """What the evaluate stage needs from a draft kind besides the engine (draftsmith/kinds.py
+    """What the evaluate stage needs from a draft kind besides the engine (draftsmith/kinds/
     gives each kind's; `draft` is the module the kind loads, `load_target()` the target for
     kinds that read it).
 

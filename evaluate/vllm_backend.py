@@ -109,7 +109,7 @@ def summary_from_counts(
 
 def _make_llm(vllm, cfg: Config, target: str, draft: str | None, k: int, kind: str = "independent"):
     spec = None
-    if draft is not None:  # the draft's dir, run as its kind asks (draftsmith/kinds.py)
+    if draft is not None:  # the draft's dir, run as its kind asks (draftsmith/kinds/)
         spec = get_kind(kind).vllm_speculative_config(cfg, draft, k)
     kw = engine_kwargs(cfg, cfg.evaluate.vllm, target)
     return vllm.LLM(**kw, speculative_config=spec, disable_log_stats=False)

@@ -21,9 +21,9 @@ import statistics
 import torch
 
 from draftsmith.config import TargetConfig
-from draftsmith.eagle3 import Eagle3Head
-from draftsmith.evaluate.eagle3_proposer import Eagle3Proposer
 from draftsmith.evaluate.engine import SpeculativeDecoder
+from draftsmith.kinds.eagle3.head import Eagle3Head
+from draftsmith.kinds.eagle3.proposer import Eagle3Proposer
 from draftsmith.models import eos_token_ids, load_target, load_target_tokenizer, pick_device
 from draftsmith.reduced_vocab import build_draft_vocab
 

@@ -38,7 +38,7 @@ from draftsmith.config import TargetConfig
 from draftsmith.evaluate import metrics
 from draftsmith.evaluate.engine import SpeculativeDecoder
 from draftsmith.evaluate.ranking import near_tie_tolerance, target_tie_gap
-from draftsmith.hf_export import fixed_k_assistant
+from draftsmith.kinds.independent.export import fixed_k_assistant
 from draftsmith.models import (
     eos_token_ids,
     load_model,

@@ -43,7 +43,7 @@ def write_conversations(path: Path) -> Path:
 
 def sources(path: Path) -> str:
     return (
-        f"data.sources=[{{path: {path}, messages_field: messages, kind: score, role: train}}, "
+        f"data.sources=[{{path: {path}, messages_field: messages, replies: score, role: train}}, "
         "{builtin: draftsmith, limit: 10}]"
     )
 
@@ -94,8 +94,8 @@ def test_scored_rows_hold_the_reply_and_the_targets_topk(tmp_path, tiny_model_di
 @pytest.mark.parametrize(
     "source, match",
     [
-        ("{builtin: draftsmith, kind: score}", "kind: 'score' needs replies to score"),
-        ("{builtin: sharegpt, kind: score, role: eval}", "role 'eval' never trains"),
+        ("{builtin: draftsmith, replies: score}", "replies: 'score' needs replies to score"),
+        ("{builtin: sharegpt, replies: score, role: eval}", "role 'eval' never trains"),
         ("{builtin: draftsmith, reply_field: answer}", "only file and hub sources have fields"),
     ],
 )
@@ -104,11 +104,30 @@ def test_score_sources_that_cannot_work_are_config_errors(source, match):
         load_config(REPO / "configs" / "tiny.yaml", [f"data.sources=[{source}]"])
 
 
+def test_the_old_key_kind_is_read_as_replies_with_a_warning(capsys):
+    old = load_config(
+        REPO / "configs" / "tiny.yaml", ["data.sources=[{builtin: sharegpt, kind: score}]"]
+    )
+    assert old.data.sources[0].replies == "score"
+    assert capsys.readouterr().err == (
+        "draftsmith: warning: data.sources[0].kind is deprecated, read as data.sources[0].replies\n"
+    )
+    new = load_config(
+        REPO / "configs" / "tiny.yaml", ["data.sources=[{builtin: sharegpt, replies: score}]"]
+    )
+    assert new == old and capsys.readouterr().err == ""
+    with pytest.raises(ConfigError, match=r"^data.sources\[0\].kind: renamed replies; set only"):
+        load_config(
+            REPO / "configs" / "tiny.yaml",
+            ["data.sources=[{builtin: sharegpt, kind: score, replies: target}]"],
+        )
+
+
 def test_score_needs_stored_topk():
     with pytest.raises(ConfigError, match="data.topk_logprobs: must be > 0 when data.sources"):
         load_config(
             REPO / "configs" / "tiny.yaml",
-            ["data.sources=[{builtin: sharegpt, kind: score}]", "data.topk_logprobs=0"],
+            ["data.sources=[{builtin: sharegpt, replies: score}]", "data.topk_logprobs=0"],
         )
 
 

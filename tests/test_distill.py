@@ -22,10 +22,10 @@ from test_distill_helpers import (
 
 from draftsmith.config import config_to_dict
 from draftsmith.distill import list_checkpoints
-from draftsmith.distill.independent_train import trainable_parameters
 from draftsmith.distill.stage import run_distill
 from draftsmith.distill.train import train_draft
 from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.kinds.independent.train import trainable_parameters
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -148,8 +148,8 @@ def test_keep_last_and_resume_never(tmp_path, target_dir, data_dir):
 
 
 def test_nan_loss_stops_with_clear_error(tmp_path, target_dir, data_dir, monkeypatch):
-    from draftsmith.distill import independent_train
     from draftsmith.distill.losses import TokenSum
+    from draftsmith.kinds.independent import train as independent_train
 
     out = run_dir_with_data(tmp_path, data_dir)
     cfg = make_cfg(out, target_dir, max_steps=6, save_every=2)

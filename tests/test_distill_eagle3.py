@@ -16,15 +16,15 @@ from test_distill_helpers import (
 
 from draftsmith.distill import list_checkpoints
 from draftsmith.distill.batching import Example, collate
-from draftsmith.distill.eagle3_train import (
+from draftsmith.distill.losses import forward_kl
+from draftsmith.distill.stage import run_distill
+from draftsmith.errors import DraftsmithError
+from draftsmith.kinds.eagle3.export import load_eagle3, validate_eagle3_export
+from draftsmith.kinds.eagle3.train import (
     step_rows,
     ttt_loss_parts,
     ttt_token_counts,
 )
-from draftsmith.distill.losses import forward_kl
-from draftsmith.distill.stage import run_distill
-from draftsmith.eagle3_export import load_eagle3, validate_eagle3_export
-from draftsmith.errors import DraftsmithError
 from draftsmith.reduced_vocab import build_draft_vocab
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -18,9 +18,9 @@ from test_distill_helpers import build_tiny_target, make_cfg, write_dataset  # n
 from draftsmith.distill import train as train_mod  # noqa: E402
 from draftsmith.distill.batching import Example  # noqa: E402
 from draftsmith.distill.checkpoint import load_train_state  # noqa: E402
-from draftsmith.distill.independent_train import IndependentTraining  # noqa: E402
 from draftsmith.distill.stage import run_distill  # noqa: E402
 from draftsmith.distill.teacher import sample_completions  # noqa: E402
+from draftsmith.kinds.independent.train import IndependentTraining  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftsmith.eagle3 import (
+from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.kinds.eagle3.export import load_eagle3, save_eagle3, validate_eagle3_export
+from draftsmith.kinds.eagle3.head import (
     Eagle3Head,
     default_aux_layer_ids,
     head_inputs,
@@ -21,8 +23,6 @@ from draftsmith.eagle3 import (
     select_aux_hidden,
     shift_left,
 )
-from draftsmith.eagle3_export import load_eagle3, save_eagle3, validate_eagle3_export
-from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.models import tiny_llama_config
 from draftsmith.reduced_vocab import (
     DraftVocab,
@@ -534,7 +534,7 @@ def test_speculators_loads_the_export_as_we_wrote_it(tmp_path, target, vocab, sp
             assert torch.equal(loaded[name], w), name
         if not emb:
             # speculators' fill-from-verifier of a missing embed_tokens is not reliable
-            # (see draftsmith.eagle3_export): nothing more to compare without our embeddings
+            # (see draftsmith.kinds.eagle3.export): nothing more to compare without our embeddings
             continue
         assert torch.equal(loaded["embed_tokens.weight"], target.get_input_embeddings().weight)
         # speculators' own training-time-test forward gives our logits at every step

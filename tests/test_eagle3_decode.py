@@ -17,9 +17,9 @@ from test_specdec import (
     tiny_target,
 )
 
-from draftsmith.eagle3 import Eagle3Head, head_inputs, select_aux_hidden
-from draftsmith.evaluate.eagle3_proposer import Eagle3Proposer, replay_greedy
 from draftsmith.evaluate.engine import SamplingConfig, SpeculativeDecoder
+from draftsmith.kinds.eagle3.head import Eagle3Head, head_inputs, select_aux_hidden
+from draftsmith.kinds.eagle3.proposer import Eagle3Proposer, replay_greedy
 from draftsmith.reduced_vocab import build_draft_vocab
 
 DTYPE = torch.float64  # as tests/test_specdec.py: a mismatch is an algorithm bug, not rounding
@@ -79,7 +79,7 @@ def _trained_head(target, steps: int = 60) -> Eagle3Head:
     """A head trained a little on the target's own greedy text (forward KL, 2 TTT steps),
     through the training code's own pieces (collate, target_pass, ttt_loss_parts)."""
     from draftsmith.distill.batching import Example, collate
-    from draftsmith.distill.eagle3_train import target_pass, ttt_loss_parts
+    from draftsmith.kinds.eagle3.train import target_pass, ttt_loss_parts
 
     g = torch.Generator().manual_seed(0)
     examples = []
@@ -295,7 +295,7 @@ def test_padding_ids_in_the_draft_vocabulary_are_never_proposed():
 def test_the_cost_step_is_one_speculative_head_step_that_its_reset_undoes():
     """evaluate's timing of an eagle3 draft (EAGLE3_REPLAY.draft_step): the context's
     verified pairs in the head's cache, then a timed 1-token step, cropped back each time."""
-    from draftsmith.evaluate.eagle3_proposer import EAGLE3_REPLAY
+    from draftsmith.kinds.eagle3.proposer import EAGLE3_REPLAY
 
     target = tiny_target(3)
     head = tiny_head(target, 4, 20)

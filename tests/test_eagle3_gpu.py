@@ -16,7 +16,7 @@ import gc
 import pytest
 import torch
 
-from draftsmith.eagle3 import Eagle3Head
+from draftsmith.kinds.eagle3.head import Eagle3Head
 from draftsmith.reduced_vocab import build_draft_vocab
 
 AUX = [1, 2, 3]  # tiny-random-llama has 4 layers
@@ -36,8 +36,8 @@ def _head(target_dir, device="cpu"):
 
 @pytest.mark.gpu
 def test_native_engine_drafts_with_an_eagle3_head_on_cuda(tiny_model_dir):
-    from draftsmith.evaluate.eagle3_proposer import Eagle3Proposer
     from draftsmith.evaluate.engine import SpeculativeDecoder
+    from draftsmith.kinds.eagle3.proposer import Eagle3Proposer
 
     target, head = _head(tiny_model_dir, "cuda")
     for prompt in PROMPTS:
@@ -64,8 +64,8 @@ def _release(llm) -> None:
 @pytest.mark.gpu
 def test_vllm_serves_the_eagle3_export_losslessly(tmp_path, tiny_model_dir):
     pytest.importorskip("vllm")
-    from draftsmith.eagle3_export import save_eagle3
     from draftsmith.evaluate.vllm_backend import spec_counts
+    from draftsmith.kinds.eagle3.export import save_eagle3
     from draftsmith.vllm_compat import import_vllm
 
     vllm = import_vllm("test")

@@ -8,9 +8,9 @@ import pytest
 
 from draftsmith.config import load_config
 from draftsmith.distill.checkpoint import training_settings
-from draftsmith.distill.independent_train import IndependentTraining
 from draftsmith.export import _training
-from draftsmith.hf_export import assistant_generation_config
+from draftsmith.kinds.independent.export import assistant_generation_config
+from draftsmith.kinds.independent.train import IndependentTraining
 
 
 @pytest.fixture

@@ -12,6 +12,9 @@ REPO = Path(__file__).resolve().parents[1]
 # where each import package lives in the source tree (pyproject's package-dir)
 PACKAGE_DIRS = {
     "draftsmith": "draftsmith",
+    "draftsmith.kinds": "draftsmith/kinds",
+    "draftsmith.kinds.independent": "draftsmith/kinds/independent",
+    "draftsmith.kinds.eagle3": "draftsmith/kinds/eagle3",
     "draftsmith.data": "data",
     "draftsmith.distill": "distill",
     "draftsmith.evaluate": "evaluate",
@@ -27,10 +30,24 @@ def source_modules(root: Path = REPO) -> dict[str, Path]:
     return out
 
 
+def type_only_imports(tree: ast.AST) -> set[int]:
+    """ids of the import nodes under `if TYPE_CHECKING:`: never run, so never in a cycle."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            out |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return out
+
+
 def imported_names(path: Path) -> list[tuple[str, str | None]]:
-    """(module, name or None) for every absolute import in the file, nested ones included."""
+    """(module, name or None) for every absolute import in the file that runs, nested (lazy)
+    ones included, `if TYPE_CHECKING:` ones not."""
     out = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skip = type_only_imports(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             out += [(alias.name, None) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -91,8 +108,13 @@ def test_import_graph_sees_lazy_imports_and_submodule_imports(tmp_path):
     )
     (tmp_path / "draftsmith" / "pipeline.py").write_text("from draftsmith import cli\n")
     (tmp_path / "evaluate" / "stage.py").write_text("from draftsmith.evaluate import metrics\n")
-    (tmp_path / "evaluate" / "metrics.py").write_text("import math\n")
+    (tmp_path / "evaluate" / "metrics.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from draftsmith import cli\n"
+        "else:\n    from draftsmith.evaluate import stage\n"
+    )
     graph = import_graph(tmp_path)
+    # the type-only import is not an edge; the `else:` branch runs, so it is
+    assert graph["draftsmith.evaluate.metrics"] == {"draftsmith.evaluate.stage"}
     assert graph["draftsmith.cli"] == {"draftsmith.pipeline"}
     assert graph["draftsmith.pipeline"] == {"draftsmith.cli"}
     assert graph["draftsmith.evaluate.stage"] == {"draftsmith.evaluate.metrics"}

@@ -10,14 +10,16 @@ import pytest
 
 from draftsmith.config import config_from_dict
 from draftsmith.errors import ConfigError
-from draftsmith.kinds import KINDS, check_target, get_kind
+from draftsmith.kinds import KINDS, check_config, check_target, get_kind
 from draftsmith.models import tiny_llama_config
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def cfg_with(**draft):
-    return config_from_dict({"draft": draft})
+    cfg = config_from_dict({"draft": draft})
+    check_config(cfg)  # the registry's part, which the CLI runs after loading
+    return cfg
 
 
 def test_kind_is_one_name_or_a_list_in_the_order_given():
@@ -29,8 +31,10 @@ def test_kind_is_one_name_or_a_list_in_the_order_given():
     assert str(e.value) == "draft.kind: ['eagle3', 'eagle3'] names a kind twice"
     with pytest.raises(ConfigError) as e:
         cfg_with(kind=[])
-    assert str(e.value) == "draft.kind: name at least one kind (independent, eagle3)"
-    with pytest.raises(ConfigError, match="^draft.kind: expected one of 'independent', 'eagle3'"):
+    assert str(e.value) == "draft.kind: name at least one kind (independent, eagle3, ...)"
+    with pytest.raises(
+        ConfigError, match="^draft.kind: unknown kind 'medusa' \\(known: independent, eagle3\\)$"
+    ):
         cfg_with(kind="medusa")
 
 
@@ -67,13 +71,40 @@ def test_kind_is_one_name_or_a_list_in_the_order_given():
 )
 def test_eagle3_config_mistakes_are_one_line(raw, message):
     with pytest.raises(ConfigError) as e:
-        config_from_dict(raw)
+        check_config(config_from_dict(raw))
     assert str(e.value) == message
 
 
 def test_an_independent_run_ignores_the_eagle3_section():
     cfg = config_from_dict({"draft": {"eagle3": {"aux_layer_ids": [1, 1, 2]}}})
+    check_config(cfg)  # only the kinds draft.kind names check their keys
     assert cfg.draft.kinds == ["independent"]  # nothing to build from it
+    with pytest.raises(ConfigError, match=r"^draft.eagle3.aux_layer_ids: \[1, 1, 2\] must be"):
+        check_config(
+            config_from_dict(
+                {
+                    "draft": {
+                        "kind": ["independent", "eagle3"],
+                        "eagle3": {"aux_layer_ids": [1, 1, 2]},
+                    }
+                }
+            )
+        )
+
+
+def test_an_unknown_kind_fails_before_the_run_dir_is_made(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "draftsmith.cli", "distill", "configs/tiny.yaml"]
+        + [f"run.output_dir={out}", "draft.kind=[independent,medusa]"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.endswith("draft.kind: unknown kind 'medusa' (known: independent, eagle3)")
+    assert not out.exists()
 
 
 def _target_config(layers=8, model_type="llama", vocab=300):
@@ -238,7 +269,7 @@ def test_independent_records_an_allow_list_of_draft_keys():
     import dataclasses
 
     from draftsmith.config import DraftConfig
-    from draftsmith.distill.independent_train import DRAFT_KEYS, IndependentTraining
+    from draftsmith.kinds.independent.train import DRAFT_KEYS, IndependentTraining
 
     cfg = config_from_dict({"draft": {"init": "config", "num_hidden_layers": 3}})
     recorded = IndependentTraining().draft_settings(cfg)

@@ -134,9 +134,9 @@ def test_eagle3_engine_counts_equal_the_teacher_forced_replay(both_run):
 def test_the_eagle3_row_exports_validated_and_decodes_losslessly(both_run, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from draftsmith.eagle3_export import load_eagle3, validate_eagle3_export
-    from draftsmith.evaluate.eagle3_proposer import Eagle3Proposer
     from draftsmith.evaluate.engine import SpeculativeDecoder
+    from draftsmith.kinds.eagle3.export import load_eagle3, validate_eagle3_export
+    from draftsmith.kinds.eagle3.proposer import Eagle3Proposer
     from draftsmith.models import resolve_model
 
     out, _ = both_run

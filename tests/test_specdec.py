@@ -20,7 +20,7 @@ from draftsmith.evaluate.engine import (
     sampling_probs,
 )
 from draftsmith.evaluate.metrics import greedy_rounds
-from draftsmith.hf_export import fixed_k_assistant
+from draftsmith.kinds.independent.export import fixed_k_assistant
 from draftsmith.models import tiny_llama_config
 
 # float64 removes kernel noise (a (k+1)-token forward vs 1-token forwards can flip a near-tied

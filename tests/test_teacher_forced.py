@@ -100,9 +100,9 @@ def test_replay_mismatches_tell_near_ties_from_bugs():
 
 def test_each_kind_brings_its_replay_through_the_registry():
     from draftsmith.errors import ConfigError
-    from draftsmith.evaluate.eagle3_proposer import EAGLE3_REPLAY
     from draftsmith.evaluate.teacher_forced import INDEPENDENT
     from draftsmith.kinds import get_kind, kind_of
+    from draftsmith.kinds.eagle3.proposer import EAGLE3_REPLAY
 
     assert kind_of({"kind": None}).replay() is get_kind("independent").replay() is INDEPENDENT
     assert get_kind("eagle3").replay() is EAGLE3_REPLAY

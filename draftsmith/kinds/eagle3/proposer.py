@@ -1,6 +1,6 @@
 """The eagle3 kind in the engine: an Eagle3Head proposing from the target's own hidden states.
 
-Alignment (draftsmith/eagle3.py). Head pair i reads the target's aux features g_i (it has
+Alignment (draftsmith/kinds/eagle3/head.py). Head pair i reads the target's aux features g_i (it has
 read x_0..x_i) and the token x_{i+1}; its output predicts x_{i+2}. The engine's invariant
 is that with n committed tokens the target's cache holds x_0..x_{n-1}'s first n-1 (the
 next verify pass feeds seq[-1] + drafts). The head matches it: its pairs 0..n-2 (n-1
@@ -33,7 +33,6 @@ from collections.abc import Sequence
 
 import torch
 
-from draftsmith.eagle3 import Eagle3Head
 from draftsmith.evaluate.engine import (
     DecodeResult,
     DraftContext,
@@ -50,6 +49,7 @@ from draftsmith.evaluate.teacher_forced import (
 )
 from draftsmith.evaluate.timing import Step
 from draftsmith.fast_linear import cpu_few_row_linear
+from draftsmith.kinds.eagle3.head import Eagle3Head
 from draftsmith.kv_cache import crop_cache
 from draftsmith.reduced_vocab import draft_logits_to_target
 
@@ -220,7 +220,7 @@ def _replay(head, target, prompt_ids, tokens, k, budget, vocab) -> tuple[DecodeR
 
 
 # ----------------------------------------------------------------------------- the kind's replay
-# (teacher_forced.KindReplay; draftsmith/kinds.py registers it as the eagle3 kind's)
+# (teacher_forced.KindReplay; draftsmith/kinds/ registers it as the eagle3 kind's)
 
 
 def teacher_forced_pass(head, load_target, prompt_ids, tokens, vocab, k, budget) -> dict:

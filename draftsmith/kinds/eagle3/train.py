@@ -39,7 +39,9 @@ from draftsmith.distill.batching import Batch
 from draftsmith.distill.checkpoint import read_meta
 from draftsmith.distill.init import flops_per_token
 from draftsmith.distill.losses import TokenSum, cross_entropy, distill_loss
-from draftsmith.eagle3 import (
+from draftsmith.errors import ConfigError
+from draftsmith.kinds.eagle3.export import load_eagle3, write_eagle3
+from draftsmith.kinds.eagle3.head import (
     Eagle3Head,
     check_aux_layer_ids,
     default_aux_layer_ids,
@@ -48,8 +50,6 @@ from draftsmith.eagle3 import (
     select_aux_hidden,
     shift_left,
 )
-from draftsmith.eagle3_export import load_eagle3, write_eagle3
-from draftsmith.errors import ConfigError
 from draftsmith.models import count_parameters, pick_dtype, resolve_model
 from draftsmith.reduced_vocab import build_draft_vocab
 from draftsmith.vocab_rows import token_id_count
@@ -266,7 +266,7 @@ def write_head(head: Eagle3Head, path: Path, target_config, verifier: str, k: in
 
 class Eagle3Training:
     """What the loop (distill/train.py) needs from the eagle3 kind: the same methods as
-    independent_train.IndependentTraining (draftsmith/kinds.py registers both)."""
+    kinds.independent.train.IndependentTraining (draftsmith/kinds/ registers both)."""
 
     name = "eagle3"
 

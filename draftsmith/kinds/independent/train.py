@@ -1,7 +1,7 @@
 """The independent kind's side of the training loop: a small causal LM of the target's
 tokenizer (distill/init.py builds it), trained whole, in its last layers, or through
-low-rank adapters (distill/lora.py). distill/eagle3_train.py is the eagle3 kind's side;
-draftsmith/kinds.py registers both, and distill/train.py's loop calls either through the
+low-rank adapters (distill/lora.py). draftsmith/kinds/eagle3/train.py is the eagle3 kind's side;
+draftsmith/kinds/ registers both, and distill/train.py's loop calls either through the
 same methods.
 """
 
@@ -134,8 +134,8 @@ def independent_loss_parts(tr, batch: Batch, on_policy: bool) -> list[TokenSum]:
 
 
 class IndependentTraining:
-    """What the loop needs from the independent kind (draftsmith/kinds.py registers it);
-    distill/eagle3_train.py's Eagle3Training has the same methods for the eagle3 head."""
+    """What the loop needs from the independent kind (draftsmith/kinds/ registers it);
+    draftsmith/kinds/eagle3/train.py's Eagle3Training has the same methods for the eagle3 head."""
 
     name = "independent"
     lora_resume: Path | None = None  # distill.lora_rank: the checkpoint whose adapters resume

@@ -34,9 +34,9 @@ import torch
 from torch import nn
 
 from draftsmith.config import Config
-from draftsmith.eagle3 import Eagle3Head
 from draftsmith.errors import DraftsmithError
 from draftsmith.io import atomic_dir, atomic_write_json
+from draftsmith.kinds.eagle3.head import Eagle3Head
 from draftsmith.models import load_target, load_target_config, resolve_model
 from draftsmith.reduced_vocab import DraftVocab, vocab_problem
 
