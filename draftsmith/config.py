@@ -370,7 +370,7 @@ def _check_cross_fields(cfg: Config) -> None:
 def _check_draft_kinds(cfg: Config) -> None:
     """draft.kind's shape; which names exist and what each kind needs of the rest of the
     config are the kinds registry's (draftsmith/kinds/ check_config, run by the CLI before
-    anything is written): this module names no kind, and imports none."""
+    anything is written): this module checks no kind's keys and never imports the registry."""
     kinds = cfg.draft.kinds
     if not kinds:
         raise ConfigError("draft.kind: name at least one kind (independent, eagle3, ...)")
