@@ -54,6 +54,7 @@ from draftsmith.distill.teacher import (
 )
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.io import clean_stale_temps
+from draftsmith.kinds.base import KindTraining
 from draftsmith.kinds.independent.train import IndependentTraining
 from draftsmith.models import (
     batched_bf16,
@@ -83,7 +84,7 @@ class Trainer:
     tokenizer: object
     meta: dict
     checkpoints_dir: Path
-    kind: object  # the kind's training side (DraftKind.training(), draftsmith/kinds/)
+    kind: KindTraining  # the kind's training side (DraftKind.training(), draftsmith/kinds/)
     target_config: object
     step: int = 0
     history: list[float] = field(default_factory=list)
@@ -136,7 +137,7 @@ def make_batches(tr: Trainer, step: int, on_policy: bool) -> list[Batch]:
 def micro_step(tr: Trainer, batch: Batch, global_counts: list[float], on_policy: bool):
     """Forward + backward of one micro-batch; returns its loss SUM per part (detached, (m,)).
 
-    A kind's loss has m parts (an eagle3 head: one per training-time-test step); part i's
+    A kind's loss has m parts (a head trained with a training-time test: one per step); part i's
     sum is divided by its token count over the whole global batch and weighted, so the
     update is the weighted sum of exact token means (one part: the plain token mean).
     """

@@ -49,8 +49,8 @@ def preflight(cfg: Config, stages: list[str]) -> None:
         from draftsmith.vocab_rows import token_id_count
 
         check_distill_settings(cfg)  # checkpoints trained with other settings
-        # each kind against the target's config and tokenizer (no weights): a target an
-        # eagle3 head cannot be built on fails before generate runs
+        # each kind against the target's config and tokenizer (no weights): a target a
+        # configured kind cannot be built on fails before generate runs
         target_tok = load_target_tokenizer(cfg.target)
         check_pretrained_draft(cfg, target_tok)  # another family's draft, before generate runs
         check_target(cfg, load_target_config(cfg.target), token_id_count(target_tok))

@@ -19,10 +19,11 @@ forward per emitted token, same caches, same sampling code, so speed comparisons
 
 The draft side is a `Proposer` (one per kind of draft, draftsmith/kinds/): prefill,
 propose (tokens and q over the target vocabulary), crop, observe. IndependentProposer is
-the causal-LM draft described above; draftsmith/kinds/eagle3/proposer.py drafts with an eagle3
-head, which reads the target's hidden states: the engine then asks the target's prefill and
-verify passes for those layers' states and hands them over. The invariant both keep: with
-n committed tokens the target's cache holds n-1 and the first round feeds seq[-1] + drafts.
+the causal-LM draft described above. A kind whose draft reads the target's hidden states
+(a head on the target) says so (Proposer.aux_layer_ids): the engine then asks the target's
+prefill and verify passes for those layers' states and hands them over. The invariant every
+proposer keeps: with n committed tokens the target's cache holds n-1 and the first round
+feeds seq[-1] + drafts.
 
 Timing: every draft and target forward is timed on its own (perf_counter; cuda synchronize),
 split into single-token forwards and multi-token ones, so the draft cost ratio
@@ -383,7 +384,7 @@ class SpeculativeDecoder:
             drafted, q = torch.empty(0, dtype=torch.long, device=self.device), None
             if k_round > 0:
                 drafted, q = prop.propose(seq, k_round, gen, res)
-            k_round = drafted.numel()  # a proposer may have fewer (eagle3: nothing before g_0)
+            k_round = drafted.numel()  # a proposer may have fewer (a head: no state yet)
             n_target = t_cache.get_seq_length()
             n_acc, nxt, hidden = self._verify(seq, t_cache, drafted, q, gen, res)
             new, done = self._emit(seq, drafted, n_acc, nxt, budget)

@@ -243,7 +243,7 @@ class NativeEvaluator:
         return {**data, "by": "measured"}
 
     def draft_model(self, draft: dict):
-        """The module `draft`'s kind runs (an HF model, or an EAGLE-3 head on the target)."""
+        """The module `draft`'s kind runs (an HF model, or a head on the target)."""
         if draft["name"] not in self._draft_cache:  # keep one draft loaded
             self._draft_cache = {draft["name"]: kind_of(draft).load(draft, self.models)}
         return self._draft_cache[draft["name"]]

@@ -85,8 +85,8 @@ def list_drafts(
     evaluate.baselines.
 
     `kind` says which kind of draft it is (draftsmith/kinds/: how it is loaded and run;
-    baselines are independent drafts); `name` is unique across kinds (an eagle3 checkpoint
-    is `eagle3-checkpoint-<step>`). `role` says what a draft is, for reports: "init"
+    baselines are independent drafts); `name` is unique across kinds (DraftKind.draft_name:
+    `<kind folder>-checkpoint-<step>` outside the independent kind's). `role` says what a draft is, for reports: "init"
     (checkpoint-0), "distilled" (the configured loss), "ce_twin" (distill.ce_baseline) or
     "baseline" (evaluate.baselines); `trained_steps` how far this run trained it (None for
     a baseline). The baseline `target` is the target (`target`: its model ref) drafting
@@ -177,7 +177,7 @@ def check_drafts(cfg: Config, drafts: list[dict]) -> None:
             read_meta(path)
         if path.is_dir():
             check_weight_files(path)
-        if not kind_of(d).own_tokenizer:  # an EAGLE-3 head reads the target's own tokens
+        if not kind_of(d).own_tokenizer:  # a head reads the target's own tokens
             continue
         tok = load_tokenizer(d["ref"], trust_remote_code=trust, key=d.get("key", "checkpoint"))
         check_tokenizers_compatible(target_tok, tok, cfg.target.model, label)

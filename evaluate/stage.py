@@ -7,7 +7,7 @@ with evaluate.turn2 also `<set>-turn2`, evaluate/second_turn.py):
   2. every draft on every prompt at k = evaluate.num_speculative_tokens: greedy, one
      teacher-forced pass over the target's output replayed into the engine's exact counts
      (each draft kind's own replay, draftsmith/kinds/: evaluate/teacher_forced.py for an
-     independent draft, one per k for an EAGLE-3 head);
+     independent draft, one per k for a head reading its own states);
      sampled, the engine itself;
   3. greedy: the real engine on the best draft of each kind and the drafts in
      `comparisons`, on at most evaluate.engine_max_prompts prompts per set: wall clock,

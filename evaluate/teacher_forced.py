@@ -18,8 +18,8 @@ rare (the equality test uses float64 to rule it out; on the real target the two 
 exactly on the runs compared in the README).
 
 That is the independent draft's replay. A draft kind whose later drafts in a round read
-its own earlier states (an EAGLE-3 head) brings its own pass through the kinds registry
-(`KindReplay`; draftsmith/kinds/eagle3/proposer.py): one target forward, then the head's steps
+its own earlier states (a head on the target) brings its own pass through the kinds
+registry (`KindReplay`, DraftKind.replay): one target forward, then the head's steps
 round by round, at each k.
 """
 
@@ -209,7 +209,7 @@ class KindReplay:
         a JSON record per prompt with "margin" (as agreement_and_margin's), cached by the stage
     result(record, target_tokens, k, budget) -> the engine's count fields at k (counts_result)
     per_k: whether the pass depends on k (an independent draft's argmax at a position does
-        not, so one pass serves every k; an EAGLE-3 head's later drafts read its own states)
+        not, so one pass serves every k; a head's later drafts read its own states)
     draft_step(draft, load_target, context, token) -> timing.Step: one proposal step on a
         cache holding `context`, for the cost timing
     """

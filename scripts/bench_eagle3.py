@@ -24,8 +24,8 @@ from draftsmith.config import TargetConfig
 from draftsmith.evaluate.engine import SpeculativeDecoder
 from draftsmith.kinds.eagle3.head import Eagle3Head
 from draftsmith.kinds.eagle3.proposer import Eagle3Proposer
+from draftsmith.kinds.eagle3.vocab import build_draft_vocab
 from draftsmith.models import eos_token_ids, load_target, load_target_tokenizer, pick_device
-from draftsmith.reduced_vocab import build_draft_vocab
 
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",

@@ -25,7 +25,7 @@ from draftsmith.kinds.eagle3.train import (
     ttt_loss_parts,
     ttt_token_counts,
 )
-from draftsmith.reduced_vocab import build_draft_vocab
+from draftsmith.kinds.eagle3.vocab import build_draft_vocab
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -23,8 +23,7 @@ from draftsmith.kinds.eagle3.head import (
     select_aux_hidden,
     shift_left,
 )
-from draftsmith.models import tiny_llama_config
-from draftsmith.reduced_vocab import (
+from draftsmith.kinds.eagle3.vocab import (
     DraftVocab,
     build_draft_vocab,
     draft_logits_to_target,
@@ -32,6 +31,7 @@ from draftsmith.reduced_vocab import (
     target_probs_on_draft_vocab,
     vocab_problem,
 )
+from draftsmith.models import tiny_llama_config
 
 V = 64  # target vocabulary
 VD = 24  # draft vocabulary

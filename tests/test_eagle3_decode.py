@@ -20,7 +20,7 @@ from test_specdec import (
 from draftsmith.evaluate.engine import SamplingConfig, SpeculativeDecoder
 from draftsmith.kinds.eagle3.head import Eagle3Head, head_inputs, select_aux_hidden
 from draftsmith.kinds.eagle3.proposer import Eagle3Proposer, replay_greedy
-from draftsmith.reduced_vocab import build_draft_vocab
+from draftsmith.kinds.eagle3.vocab import build_draft_vocab
 
 DTYPE = torch.float64  # as tests/test_specdec.py: a mismatch is an algorithm bug, not rounding
 AUX = [0, 1, 2]

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from draftsmith.kinds.eagle3.head import Eagle3Head
-from draftsmith.reduced_vocab import build_draft_vocab
+from draftsmith.kinds.eagle3.vocab import build_draft_vocab
 
 AUX = [1, 2, 3]  # tiny-random-llama has 4 layers
 PROMPTS = [[1, 72, 101, 108, 108, 111], [1, 100, 101, 102, 32, 97, 100, 100, 40]]

@@ -247,6 +247,21 @@ def test_a_kind_missing_part_of_the_interface_cannot_be_made():
             own_tokenizer = False
 
 
+def test_a_training_side_missing_part_of_the_interface_cannot_be_made():
+    from draftsmith.kinds.base import KindTraining
+    from draftsmith.kinds.independent.train import IndependentTraining
+
+    assert all(isinstance(k.training(), KindTraining) for k in KINDS.values())
+    methods = [m for m in dir(IndependentTraining) if not m.startswith("_") and m != "name"]
+    body = {m: getattr(IndependentTraining, m) for m in methods if m != "loss_parts"}
+    NoLoss = type("NoLoss", (KindTraining,), {"name": "no-loss", **body})
+    with pytest.raises(TypeError, match="abstract method '?loss_parts"):
+        NoLoss()
+    type("Whole", (KindTraining,), {"name": "whole", **body, "loss_parts": None})()  # complete
+    with pytest.raises(TypeError, match="kind training Nameless does not set name"):
+        type("Nameless", (KindTraining,), body)
+
+
 def test_checkpoint_kind_asks_each_kind_and_falls_back_to_independent(tmp_path):
     from draftsmith.kinds import checkpoint_kind
 

@@ -1,12 +1,14 @@
 """The kinds of draft, registered in one place: each kind's home is a package here.
 
-    base.py        DraftKind, the interface every kind implements (an ABC)
+    base.py        DraftKind, the interface every kind implements, and KindTraining, what
+                   distill's loop asks of one (both ABCs: a missing method fails at once)
     independent/   a small causal LM of the target's tokenizer: __init__ (IndependentKind),
                    train.py (its training side), export.py (a plain HF model dir); its
                    initialisation is distill/init.py, its proposer and replay the engine's
                    defaults (evaluate/engine.py, evaluate/teacher_forced.py)
     eagle3/        an EAGLE-3 head on the target's hidden states: __init__ (Eagle3Kind),
-                   head.py, train.py, proposer.py (Proposer and replay), export.py
+                   head.py, vocab.py (its reduced draft vocabulary), train.py,
+                   proposer.py (Proposer and replay), export.py, config.py (draft.eagle3)
 
 Both are two kinds of one thing, something that proposes k tokens for the target to verify.
 The config section, the losses, the accelerate loop and its checkpoints, the engine's one

@@ -25,7 +25,7 @@ class DraftKind(ABC):
 
     # -- training and decoding
     @abstractmethod
-    def training(self):
+    def training(self) -> KindTraining:
         """The loop's side of the kind (distill/train.py): build, teacher, loss parts, files."""
 
     @abstractmethod
@@ -79,3 +79,84 @@ class DraftKind(ABC):
     def draft_name(self, checkpoint: str) -> str:
         """The leaderboard name of one of this kind's checkpoints (unique across kinds)."""
         return checkpoint if not self.root else f"{self.root}-{checkpoint}"
+
+
+class KindTraining(ABC):
+    """What distill/train.py's loop asks of a kind while it trains one (DraftKind.training()).
+
+    `tr` below is the loop's state (distill/train.py Trainer: cfg, draft, target, teacher,
+    tokenizer); `batch` a distill/batching.py Batch. A kind's loss is a list of parts, each a
+    TokenSum over its own tokens (an eagle3 head: one per training-time-test step), weighted
+    by loss_weights and summed exactly across gradient accumulation.
+    """
+
+    name: str  # recorded in each checkpoint; a resume refuses another kind's checkpoints
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if not hasattr(cls, "name"):
+            raise TypeError(f"kind training {cls.__name__} does not set name")
+
+    # -- what a checkpoint records, and what the target must be
+    @abstractmethod
+    def draft_settings(self, cfg: Config) -> dict:
+        """The draft keys that change what this kind trains (an allow-list: resume checks them)."""
+
+    @abstractmethod
+    def check_target(self, cfg: Config, target_config, num_ids: int) -> None:
+        """ConfigError naming the key when this kind cannot be built on the target."""
+
+    # -- the teacher
+    @abstractmethod
+    def reads_topk(self, cfg: Config, loss_name: str) -> bool:
+        """Whether training reads the stored top-k log-probs (an offline teacher)."""
+
+    @abstractmethod
+    def teacher_name(self, cfg: Config, loss_name: str) -> str:
+        """The teacher recorded for the run (online, offline, ...)."""
+
+    @abstractmethod
+    def needs_target_weights(self, cfg: Config, loss_name: str, resume) -> bool:
+        """Whether the target's weights must be loaded (not only its config)."""
+
+    @abstractmethod
+    def target_dtype(self, cfg: Config, device):
+        """The dtype the target is loaded in for training (None: target.dtype)."""
+
+    # -- building the draft and what accelerate prepares
+    @abstractmethod
+    def load_draft(self, cfg: Config, resume, target, target_tok, target_config, data, device):
+        """(draft, tokenizer, init description, extra meta): built fresh or resumed."""
+
+    @abstractmethod
+    def describe(self, draft, target_config, say) -> dict:
+        """Its size and cost beside the target's, said once and recorded."""
+
+    @abstractmethod
+    def training_modules(self, cfg: Config, loss_name: str, draft, target, num_ids: int, device):
+        """(teacher module or None, the module accelerate prepares)."""
+
+    @abstractmethod
+    def learning_rate(self, cfg: Config) -> float: ...
+
+    @abstractmethod
+    def trainable_parameters(self, cfg: Config, draft) -> list:
+        """The parameters the optimizer updates."""
+
+    # -- the loss
+    @abstractmethod
+    def loss_weights(self, cfg: Config) -> list[float]:
+        """One weight per loss part."""
+
+    @abstractmethod
+    def token_counts(self, tr, batch) -> list[float]:
+        """Each loss part's token count in `batch` (the exact mean's denominators)."""
+
+    @abstractmethod
+    def loss_parts(self, tr, batch, on_policy: bool) -> list:
+        """Each loss part's TokenSum on `batch` (distill/losses.py)."""
+
+    # -- the checkpoint
+    @abstractmethod
+    def model_writer(self, tr):
+        """A function writing the checkpoint's model files into a directory."""

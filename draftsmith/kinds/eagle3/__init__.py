@@ -1,7 +1,8 @@
 """The eagle3 kind: an EAGLE-3 head on the target's hidden states, over a reduced draft
-vocabulary. Its home: head.py (the module), train.py (its training side, with the
-training-time test), proposer.py (the engine's Proposer and the teacher-forced replay),
-export.py (the speculators layout vLLM's `eagle3` method loads)."""
+vocabulary. Its home: head.py (the module), vocab.py (the reduced draft vocabulary),
+train.py (its training side, with the training-time test), proposer.py (the engine's
+Proposer and the teacher-forced replay), export.py (the speculators layout vLLM's `eagle3`
+method loads), config.py (its section, draft.eagle3)."""
 
 from __future__ import annotations
 

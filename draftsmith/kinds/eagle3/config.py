@@ -17,7 +17,7 @@ class Eagle3Config:
     # (it needs n >= 7: a 4-layer test target must list them, e.g. [1, 2, 3]).
     aux_layer_ids: list[int] | None = None
     # The head predicts only the target's draft_vocab_size most frequent tokens in the
-    # training data (draftsmith/reduced_vocab.py); the default was chosen by measurement
+    # training data (draftsmith/kinds/eagle3/vocab.py); the default was chosen by measurement
     # (README, "Choosing the head's defaults").
     draft_vocab_size: int = field(default=8192, metadata=bounds(ge=1))
     # Training-time test: drafting steps unrolled per position, step j reading the head's

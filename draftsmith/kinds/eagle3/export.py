@@ -37,8 +37,8 @@ from draftsmith.config import Config
 from draftsmith.errors import DraftsmithError
 from draftsmith.io import atomic_dir, atomic_write_json
 from draftsmith.kinds.eagle3.head import Eagle3Head
+from draftsmith.kinds.eagle3.vocab import DraftVocab, vocab_problem
 from draftsmith.models import load_target, load_target_config, resolve_model
-from draftsmith.reduced_vocab import DraftVocab, vocab_problem
 
 WEIGHTS = "model.safetensors"
 LAYER_KEYS = (

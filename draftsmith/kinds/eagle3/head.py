@@ -5,7 +5,7 @@ reads it. For every position it takes the target's hidden states at three layers
 middle, high), projects them to one d-wide feature, pairs that with the embedding of the
 token that comes next (the target's own embedding matrix, frozen and shared), runs one
 Llama decoder layer whose attention reads both (2d wide), and predicts the token after
-that over a reduced draft vocabulary (draftsmith.reduced_vocab).
+that over a reduced draft vocabulary (draftsmith.kinds.eagle3.vocab).
 
 Alignment (as EAGLE, speculators and vLLM align them). For target tokens x_0..x_{N-1},
 g_i = the target's aux features at position i (it has read x_0..x_i) and z_i = its
@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from draftsmith.errors import ConfigError, DraftsmithError
-from draftsmith.reduced_vocab import DraftVocab, vocab_problem
+from draftsmith.kinds.eagle3.vocab import DraftVocab, vocab_problem
 
 # Families whose decoder a Llama layer of the same widths can stand in for.
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")

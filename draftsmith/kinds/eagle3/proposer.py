@@ -50,8 +50,8 @@ from draftsmith.evaluate.teacher_forced import (
 from draftsmith.evaluate.timing import Step
 from draftsmith.fast_linear import cpu_few_row_linear
 from draftsmith.kinds.eagle3.head import Eagle3Head
+from draftsmith.kinds.eagle3.vocab import draft_logits_to_target
 from draftsmith.kv_cache import crop_cache
-from draftsmith.reduced_vocab import draft_logits_to_target
 
 
 class Eagle3Proposer(Proposer):

@@ -40,6 +40,7 @@ from draftsmith.distill.checkpoint import read_meta
 from draftsmith.distill.init import flops_per_token
 from draftsmith.distill.losses import TokenSum, cross_entropy, distill_loss
 from draftsmith.errors import ConfigError
+from draftsmith.kinds.base import KindTraining
 from draftsmith.kinds.eagle3.export import load_eagle3, write_eagle3
 from draftsmith.kinds.eagle3.head import (
     Eagle3Head,
@@ -50,8 +51,8 @@ from draftsmith.kinds.eagle3.head import (
     select_aux_hidden,
     shift_left,
 )
+from draftsmith.kinds.eagle3.vocab import build_draft_vocab
 from draftsmith.models import count_parameters, pick_dtype, resolve_model
-from draftsmith.reduced_vocab import build_draft_vocab
 from draftsmith.vocab_rows import token_id_count
 
 
@@ -132,7 +133,7 @@ def target_pass(
     hidden = out.last_hidden_state[batch.loss_mask]  # (N, d), final norm applied
     lm_head = target.get_output_embeddings()
     if head_weight is None:
-        # = reduced_vocab.target_logits_on_draft_vocab(lm_head(hidden), d2t)
+        # = vocab.target_logits_on_draft_vocab(lm_head(hidden), d2t)
         return aux, lm_head(hidden).index_select(-1, draft_target_ids.to(hidden.device))
     return aux, nn.functional.linear(hidden, head_weight)  # (N, Vd)
 
@@ -264,7 +265,7 @@ def write_head(head: Eagle3Head, path: Path, target_config, verifier: str, k: in
 # ----------------------------------------------------------------------------- the loop's view
 
 
-class Eagle3Training:
+class Eagle3Training(KindTraining):
     """What the loop (distill/train.py) needs from the eagle3 kind: the same methods as
     kinds.independent.train.IndependentTraining (draftsmith/kinds/ registers both)."""
 

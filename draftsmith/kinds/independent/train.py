@@ -19,6 +19,7 @@ from draftsmith.distill.init import build_draft, flops_per_token
 from draftsmith.distill.losses import TokenSum, distill_loss
 from draftsmith.distill.teacher import CompletionLogits, teacher_signal
 from draftsmith.errors import ConfigError
+from draftsmith.kinds.base import KindTraining
 from draftsmith.models import count_parameters, load_tokenizer, pick_batch_dtype
 
 # The draft keys the independent kind reads (distill/init.py build_draft), recorded with
@@ -133,7 +134,7 @@ def independent_loss_parts(tr, batch: Batch, on_policy: bool) -> list[TokenSum]:
     return [part]
 
 
-class IndependentTraining:
+class IndependentTraining(KindTraining):
     """What the loop needs from the independent kind (draftsmith/kinds/ registers it);
     draftsmith/kinds/eagle3/train.py's Eagle3Training has the same methods for the eagle3 head."""
 
