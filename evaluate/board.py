@@ -16,6 +16,7 @@ from draftsmith.config import Config
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import metrics
 from draftsmith.evaluate.ranking import draft_path, pick_best, rankable
+from draftsmith.kinds import kind_of
 
 # ----------------------------------------------------------------------------- rows and ranking
 
@@ -44,7 +45,7 @@ def build_row(
         "path": draft_path(draft),
         "step": draft["step"],
         "role": draft.get("role"),
-        "kind": draft.get("kind") or "independent",
+        "kind": kind_of(draft).name,
         "trained_steps": draft["trained_steps"],
         "eval_set": eval_set,
         "measured_by": measured_by,
@@ -72,8 +73,8 @@ def compared(drafts: list[dict]) -> list[tuple[dict, list[dict]]]:
     """Per kind: its last distilled checkpoint and the drafts it is compared with (its own
     CE twin and init; a kind is never compared with another kind's drafts)."""
     out = []
-    for kind in dict.fromkeys(d.get("kind") or "independent" for d in drafts):
-        mine = [d for d in drafts if (d.get("kind") or "independent") == kind]
+    for kind in dict.fromkeys(kind_of(d).name for d in drafts):
+        mine = [d for d in drafts if kind_of(d).name == kind]
         distilled = [d for d in mine if d.get("role") == "distilled"]
         if distilled:
             out.append((distilled[-1], [d for d in mine if d.get("role") in ("ce_twin", "init")]))

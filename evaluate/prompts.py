@@ -9,7 +9,7 @@ from draftsmith.config import Config
 from draftsmith.data import HELDOUT, load_eval_prompts
 from draftsmith.distill import list_checkpoints
 from draftsmith.errors import ConfigError, DraftsmithError
-from draftsmith.kinds import get_kind, kind_of
+from draftsmith.kinds import FALLBACK_KIND, get_kind, kind_of
 
 STANDARD_SET = "mtbench"  # the primary eval set by default, when a run has it
 
@@ -137,7 +137,7 @@ def list_drafts(
                 "role": "sanity" if sanity else "baseline",
                 "trained_steps": None,
                 "key": key,
-                "kind": "independent",
+                "kind": FALLBACK_KIND,  # a baseline is a plain causal LM
             }
         )
     if not drafts:

@@ -35,7 +35,7 @@ from draftsmith.evaluate.ranking import (
     rankable,
     sweep_entry,
 )
-from draftsmith.kinds import get_kind
+from draftsmith.kinds import get_kind, kind_of
 from draftsmith.models import resolve_model
 from draftsmith.vllm_compat import engine_kwargs, import_vllm
 
@@ -183,7 +183,7 @@ def _row(draft: dict, path: str, runs: dict, base: dict, cfg: Config, k: int) ->
         ref_toks += b_out
     row = {
         "checkpoint": draft["name"],
-        "kind": draft.get("kind", "independent"),
+        "kind": kind_of(draft).name,
         "path": path,
         "step": draft["step"],
         "role": draft.get("role"),
@@ -221,7 +221,7 @@ def vllm_rows(cfg: Config, sets: dict[str, list[dict]], drafts: list[dict], prim
 
     def measure(d: dict, k: int, names: list[str]) -> dict[str, dict]:
         path = draft_path(d)
-        engine = _make_llm(vllm, cfg, target, path, k, d.get("kind") or "independent")
+        engine = _make_llm(vllm, cfg, target, path, k, kind_of(d).name)
         runs = {s: _generate_by_category(vllm, engine, sets[s], cfg, k) for s in names}
         _release(engine)
         return {
