@@ -135,11 +135,8 @@ def build(cls: type, raw: dict, prefix: str) -> Any:
 def rename_keys(cls: type, raw: dict, prefix: str) -> dict:
     """A section's renamed keys (its class's RENAMED_KEYS, old -> new) read under their new
     name, with a one-line warning on stderr; giving both names is an error."""
-    renamed = getattr(cls, "RENAMED_KEYS", {})
-    if not any(old in raw for old in renamed):
-        return raw
     out = dict(raw)
-    for old, new in renamed.items():
+    for old, new in getattr(cls, "RENAMED_KEYS", {}).items():
         if old not in out:
             continue
         old_key, new_key = (f"{prefix}.{k}" if prefix else k for k in (old, new))

@@ -2,7 +2,7 @@
 
 The kind is a truncated copy of the target: its last decoder layer with the target's
 embeddings, norm and head (draftsmith's own `from_target` init keeps the first layers by
-default). It brings only what a kind must (draftsmith/kinds.py DraftKind): a name, a run-dir
+default). It brings only what a kind must (draftsmith/kinds/base.py DraftKind): a name, a run-dir
 folder and its training side's build step; everything else comes from the registry's
 interface. If a stage, the config or export named the kinds it knows, this run would fail.
 """

@@ -39,9 +39,6 @@ from draftsmith.kinds.independent import IndependentKind
 if TYPE_CHECKING:
     from draftsmith.config import Config
 
-__all__ = ["DraftKind", "Eagle3Kind", "IndependentKind", "KINDS", "FALLBACK_KIND"]
-
-
 KINDS: dict[str, DraftKind] = {}
 FALLBACK_KIND = "independent"  # a plain causal LM: a baseline, or a folder no kind claims
 

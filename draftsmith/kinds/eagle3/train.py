@@ -266,8 +266,7 @@ def write_head(head: Eagle3Head, path: Path, target_config, verifier: str, k: in
 
 
 class Eagle3Training(KindTraining):
-    """What the loop (distill/train.py) needs from the eagle3 kind: the same methods as
-    kinds.independent.train.IndependentTraining (draftsmith/kinds/ registers both)."""
+    """What the loop (distill/train.py) needs from the eagle3 kind (KindTraining's methods)."""
 
     name = "eagle3"
 

@@ -1,8 +1,7 @@
 """The independent kind's side of the training loop: a small causal LM of the target's
 tokenizer (distill/init.py builds it), trained whole, in its last layers, or through
-low-rank adapters (distill/lora.py). draftsmith/kinds/eagle3/train.py is the eagle3 kind's side;
-draftsmith/kinds/ registers both, and distill/train.py's loop calls either through the
-same methods.
+low-rank adapters (distill/lora.py). distill/train.py's loop calls it, as any kind's
+training side, through kinds/base.py KindTraining.
 """
 
 from __future__ import annotations
@@ -135,8 +134,7 @@ def independent_loss_parts(tr, batch: Batch, on_policy: bool) -> list[TokenSum]:
 
 
 class IndependentTraining(KindTraining):
-    """What the loop needs from the independent kind (draftsmith/kinds/ registers it);
-    draftsmith/kinds/eagle3/train.py's Eagle3Training has the same methods for the eagle3 head."""
+    """What the loop needs from the independent kind (KindTraining's methods)."""
 
     name = "independent"
     lora_resume: Path | None = None  # distill.lora_rank: the checkpoint whose adapters resume
