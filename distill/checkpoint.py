@@ -1,10 +1,8 @@
 """Checkpoints: `checkpoints/checkpoint-<step>/`, each a loadable HF model dir plus train state.
 
 Layout of one checkpoint (the stage contract):
-    the model files of its kind (draftsmith/kinds/): an independent draft's HF model dir
-    (model.safetensors, config.json, generation_config.json, tokenizer files), an eagle3
-    head's speculators layout (config.json, model.safetensors; the target's embeddings
-    are not copied)
+    the model files of its kind, as that kind's training side writes and reads them
+    (KindTraining in draftsmith/kinds/base.py; each kind's folder says its layout)
     train_state.pt               optimizer, scheduler, RNG, step and loss history
                                  (tensors and plain Python only: torch.load(weights_only=True))
     draftsmith_checkpoint.json   {"step", "kind", "loss", "init", "loss_name", "teacher", ...,

@@ -19,11 +19,27 @@ from typing import Any, Literal
 import yaml
 
 from draftsmith.errors import ConfigError
-from draftsmith.kinds.eagle3.config import Eagle3Config  # draft.eagle3: the kind's own section
-from draftsmith.schema import apply_override, bounds, build, parse_override, read_yaml
+from draftsmith.schema import (
+    apply_override,
+    bounds,
+    build,
+    coerce,
+    parse_override,
+    read_yaml,
+    suggest,
+)
 
 # The distillation losses: the one list of their names (distill/losses.py reads it as LOSSES).
 LossName = Literal["forward_kl", "reverse_kl", "jsd", "tvd", "ce"]
+
+# draft.<kind name>: the settings only one kind has, as that kind's dataclass (its
+# DraftKind.config_section). Filled by draftsmith.kinds.register_kind, which the package's
+# __init__ imports, so every registered kind's section is a key before any config loads.
+KIND_SECTIONS: dict[str, type] = {}
+
+
+def default_kind_sections() -> dict[str, Any]:
+    return {name: cls() for name, cls in KIND_SECTIONS.items()}
 
 
 # ----------------------------------------------------------------------------- sections
@@ -56,9 +72,8 @@ class TargetConfig:
 
 @dataclass
 class DraftConfig:
-    # A kind registered in draftsmith/kinds/: independent (its own layers, embeddings and
-    # head), eagle3 (a head on the target's hidden states), or a list naming several:
-    # `draftsmith run` then trains and ranks them all. Names are checked against the registry.
+    # A kind registered in draftsmith/kinds/ (README, "Kinds of draft"), or a list naming
+    # several: `draftsmith run` then trains and ranks them all. Checked against the registry.
     kind: str | list[str] = "independent"
     init: Literal["from_target", "pretrained", "config"] = "from_target"
     # init=pretrained: any model reference sharing the target's vocabulary.
@@ -74,12 +89,19 @@ class DraftConfig:
     num_key_value_heads: int | None = None
     intermediate_size: int | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    eagle3: Eagle3Config = field(default_factory=Eagle3Config)
+    # Each kind's own section, draft.<kind name> (KIND_SECTIONS), with its defaults where the
+    # YAML leaves it out. Not a key itself: config_from_dict fills it, config_to_dict
+    # writes each section back under its own name.
+    sections: dict[str, Any] = field(default_factory=default_kind_sections, init=False)
 
     @property
     def kinds(self) -> list[str]:
         """draft.kind as a list, in the order given."""
         return [self.kind] if isinstance(self.kind, str) else list(self.kind)
+
+    def section(self, name: str) -> Any:
+        """draft.<name>, a registered kind's own settings (its config_section dataclass)."""
+        return self.sections[name]
 
 
 @dataclass
@@ -373,7 +395,9 @@ def _check_draft_kinds(cfg: Config) -> None:
     anything is written): this module checks no kind's keys and never imports the registry."""
     kinds = cfg.draft.kinds
     if not kinds:
-        raise ConfigError("draft.kind: name at least one kind (independent, eagle3, ...)")
+        raise ConfigError(
+            f"draft.kind: name at least one kind (independent, {', '.join(KIND_SECTIONS)}, ...)"
+        )
     if len(set(kinds)) != len(kinds):
         raise ConfigError(f"draft.kind: {kinds} names a kind twice")
 
@@ -405,9 +429,27 @@ def _check_score_source(cfg: Config, src: PromptSource, i: int) -> None:
 
 
 def config_from_dict(raw: dict) -> Config:
+    raw, given = _split_kind_sections(raw)
     cfg = build(Config, raw, "")
+    for name, value in given.items():
+        cfg.draft.sections[name] = coerce(value, KIND_SECTIONS[name], f"draft.{name}")
     _check_cross_fields(cfg)
     return cfg
+
+
+def _split_kind_sections(raw: dict) -> tuple[dict, dict]:
+    """(raw without the draft.<kind> sections, those sections): the schema knows only the
+    fixed keys, each kind's dataclass its own. A near miss of either is named as one."""
+    draft = raw.get("draft")
+    if not isinstance(draft, dict):
+        return raw, {}
+    keys = [f.name for f in dataclasses.fields(DraftConfig) if f.init] + list(KIND_SECTIONS)
+    for name in draft:
+        if name not in keys:
+            raise ConfigError(f"draft.{name}: unknown key{suggest(str(name), keys, 'draft')}")
+    given = {name: draft[name] for name in KIND_SECTIONS if name in draft}
+    rest = {name: value for name, value in draft.items() if name not in given}
+    return raw | {"draft": rest}, given
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -419,7 +461,10 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 
 
 def config_to_dict(cfg: Config) -> dict:
-    return dataclasses.asdict(cfg)
+    """The config as plain data, each kind's section under draft.<kind name>."""
+    out = dataclasses.asdict(cfg)
+    out["draft"] |= out["draft"].pop("sections")
+    return out
 
 
 def dump_config(cfg: Config) -> str:

@@ -18,6 +18,7 @@ import re
 import sys
 import types
 import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -119,7 +120,8 @@ def check_bounds(value: Any, limits: dict, key: str) -> None:
 
 def build(cls: type, raw: dict, prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    # init=False fields are filled by the code, never given by a key
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     raw = rename_keys(cls, raw, prefix)
     kwargs = {}
     for name, value in raw.items():
@@ -147,7 +149,7 @@ def rename_keys(cls: type, raw: dict, prefix: str) -> dict:
     return out
 
 
-def suggest(name: str, fields: dict, prefix: str) -> str:
+def suggest(name: str, fields: Iterable[str], prefix: str) -> str:
     hint = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.5)
     if not hint:
         return f" (valid keys: {', '.join(fields)})"

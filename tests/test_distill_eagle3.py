@@ -19,6 +19,7 @@ from draftsmith.distill.batching import Example, collate
 from draftsmith.distill.losses import forward_kl
 from draftsmith.distill.stage import run_distill
 from draftsmith.errors import DraftsmithError
+from draftsmith.kinds.eagle3.config import eagle3_settings
 from draftsmith.kinds.eagle3.export import load_eagle3, validate_eagle3_export
 from draftsmith.kinds.eagle3.train import (
     step_rows,
@@ -102,8 +103,8 @@ def test_ce_leaves_out_tokens_outside_the_draft_vocabulary():
 def eagle3_cfg(out: Path, target_dir: Path, **distill):
     cfg = make_cfg(out, target_dir, **distill)
     cfg.draft.kind = "eagle3"
-    cfg.draft.eagle3.aux_layer_ids = [1, 2, 3]
-    cfg.draft.eagle3.draft_vocab_size = 64
+    eagle3_settings(cfg).aux_layer_ids = [1, 2, 3]
+    eagle3_settings(cfg).draft_vocab_size = 64
     return cfg
 
 
@@ -151,7 +152,7 @@ def test_the_head_trains_at_its_own_lr_beside_the_independent_draft(tmp_path, ta
     out = run_dir_with_data(tmp_path, data_dir)
     cfg = eagle3_cfg(out, target_dir, max_steps=2, save_every=2, batch_size=16, lr=1e-5)
     cfg.draft.kind = ["independent", "eagle3"]
-    cfg.draft.eagle3.lr = 3e-3
+    eagle3_settings(cfg).lr = 3e-3
     cfg.distill.warmup_steps, cfg.distill.lr_schedule = 0, "constant"
     run_distill(cfg)
     head = checkpoint_meta(out / "eagle3" / "checkpoints" / "checkpoint-2")
@@ -197,7 +198,7 @@ def test_eagle3_resume_after_a_crash_gives_the_same_result(
 def test_eagle3_ce_twin_and_a_resume_of_the_other_kind(tmp_path, target_dir, data_dir):
     out = run_dir_with_data(tmp_path, data_dir)
     cfg = eagle3_cfg(out, target_dir, max_steps=2, save_every=2, ce_baseline=True)
-    cfg.draft.eagle3.train_lm_head = False
+    eagle3_settings(cfg).train_lm_head = False
     run_distill(cfg)
     main = out / "eagle3" / "checkpoints"
     twin = out / "eagle3" / "ablations" / "ce"
@@ -241,7 +242,7 @@ def test_a_changed_head_setting_is_one_error_and_other_kinds_keys_are_not(
     assert "num_layers" not in draft and "include_embeddings" not in draft["eagle3"]
 
     changed = eagle3_cfg(out, target_dir, max_steps=2, save_every=2)
-    changed.draft.eagle3.ttt_steps = 2
+    eagle3_settings(changed).ttt_steps = 2
     with pytest.raises(DraftsmithError) as e:
         check_distill_settings(changed)
     assert str(e.value) == (
@@ -253,5 +254,5 @@ def test_a_changed_head_setting_is_one_error_and_other_kinds_keys_are_not(
     same = eagle3_cfg(out, target_dir, max_steps=2, save_every=2)
     same.draft.kind = ["independent", "eagle3"]
     same.draft.num_layers = 3
-    same.draft.eagle3.include_embeddings = False
+    eagle3_settings(same).include_embeddings = False
     check_distill_settings(same)

@@ -8,7 +8,8 @@
                    defaults (evaluate/engine.py, evaluate/teacher_forced.py)
     eagle3/        an EAGLE-3 head on the target's hidden states: __init__ (Eagle3Kind),
                    head.py, vocab.py (its reduced draft vocabulary), train.py,
-                   proposer.py (Proposer and replay), export.py, config.py (draft.eagle3)
+                   proposer.py (Proposer and replay), export.py, config.py (its section
+                   draft.eagle3, a DraftKind.config_section)
 
 Both are two kinds of one thing, something that proposes k tokens for the target to verify.
 The config section, the losses, the accelerate loop and its checkpoints, the engine's one
@@ -28,9 +29,11 @@ and export. The stages look a kind up here; the kinds' own code is imported lazi
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftsmith import config
 from draftsmith.errors import ConfigError
 from draftsmith.kinds.base import DraftKind
 from draftsmith.kinds.eagle3 import Eagle3Kind
@@ -47,14 +50,19 @@ FALLBACK_KIND = "independent"  # a plain causal LM: a baseline, or a folder no k
 
 
 def register_kind(kind: DraftKind) -> DraftKind:
-    """Make `kind` a value of draft.kind. Its name and its run-dir folder must be new: two
-    kinds writing one checkpoints/ folder would resume each other's checkpoints."""
+    """Make `kind` a value of draft.kind, and its config_section the key draft.<name>. Its
+    name and its run-dir folder must be new: two kinds writing one checkpoints/ folder would
+    resume each other's checkpoints."""
     if kind.name in KINDS:
         raise ValueError(f"draft kind {kind.name!r} is registered already")
+    if kind.config_section and kind.name in {f.name for f in fields(config.DraftConfig)}:
+        raise ValueError(f"draft kind {kind.name!r}: draft.{kind.name} is a key of every kind")
     taken = {k.root: k.name for k in KINDS.values()}
     if kind.root in taken:
         raise ValueError(f"draft kind {kind.name!r}: folder {kind.root!r} is {taken[kind.root]}'s")
     KINDS[kind.name] = kind
+    if kind.config_section:
+        config.KIND_SECTIONS[kind.name] = kind.config_section
     return kind
 
 

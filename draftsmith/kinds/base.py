@@ -16,6 +16,9 @@ class DraftKind(ABC):
     name: str
     root: str  # sub-folder of the run dir holding this kind's checkpoints ("" = the run dir)
     own_tokenizer: bool  # its checkpoints carry a tokenizer (checked against the target's)
+    # The dataclass of the settings only this kind has, read from draft.<name> (defaults
+    # where the YAML leaves it out); None: it has none.
+    config_section: type | None = None
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)

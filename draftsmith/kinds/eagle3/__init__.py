@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from draftsmith.errors import ConfigError
 from draftsmith.kinds.base import DraftKind
+from draftsmith.kinds.eagle3.config import Eagle3Config, eagle3_settings
 
 if TYPE_CHECKING:
     from draftsmith.config import Config
@@ -20,6 +21,7 @@ class Eagle3Kind(DraftKind):
     """An EAGLE-3 head on the target's hidden states, over a reduced draft vocabulary."""
 
     name, root, own_tokenizer = "eagle3", "eagle3", False
+    config_section = Eagle3Config
 
     def training(self):
         from draftsmith.kinds.eagle3.train import Eagle3Training
@@ -57,7 +59,7 @@ class Eagle3Kind(DraftKind):
         return speculative_config(out, k)
 
     def check_config(self, cfg: Config) -> None:
-        ids = cfg.draft.eagle3.aux_layer_ids
+        ids = eagle3_settings(cfg).aux_layer_ids
         if ids is not None and (len(ids) != 3 or len(set(ids)) != 3 or min(ids) < 0):
             raise ConfigError(
                 f"draft.eagle3.aux_layer_ids: {ids} must be 3 distinct layer ids >= 0 (or null)"

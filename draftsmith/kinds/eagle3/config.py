@@ -1,10 +1,15 @@
-"""The eagle3 kind's config section, `draft.eagle3` (draftsmith/config.py DraftConfig holds it)."""
+"""The eagle3 kind's config section, `draft.eagle3` (Eagle3Kind.config_section: the registry
+makes it a key of draftsmith/config.py's draft section)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from draftsmith.schema import bounds
+
+if TYPE_CHECKING:
+    from draftsmith.config import Config
 
 
 @dataclass
@@ -39,3 +44,8 @@ class Eagle3Config:
     # Export the target's token embeddings with the head: speculators 0.9 does not reliably
     # fill missing ones (draftsmith/kinds/eagle3/export.py); vLLM shares the target's either way.
     include_embeddings: bool = True
+
+
+def eagle3_settings(cfg: Config) -> Eagle3Config:
+    """draft.eagle3 of a loaded config."""
+    return cfg.draft.section("eagle3")

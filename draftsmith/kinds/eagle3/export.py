@@ -36,6 +36,7 @@ from torch import nn
 from draftsmith.config import Config
 from draftsmith.errors import DraftsmithError
 from draftsmith.io import atomic_dir, atomic_write_json
+from draftsmith.kinds.eagle3.config import eagle3_settings
 from draftsmith.kinds.eagle3.head import Eagle3Head
 from draftsmith.kinds.eagle3.vocab import DraftVocab, vocab_problem
 from draftsmith.models import load_target, load_target_config, resolve_model
@@ -348,7 +349,7 @@ def export_eagle3(cfg: Config, src: Path, k: int, tmp: Path, out: Path) -> None:
     """An eagle3 head (its checkpoint dir `src`) in the speculators layout vLLM serves as
     method `eagle3`, validated."""
     head = load_eagle3(src)  # a checkpoint holds no embeddings: the target's go in
-    include = cfg.draft.eagle3.include_embeddings
+    include = eagle3_settings(cfg).include_embeddings
     if include:
         head.attach_embeddings(target_embeddings(cfg))
     target_path = resolve_model(cfg.target.model, "target.model")

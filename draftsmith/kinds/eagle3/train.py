@@ -41,6 +41,7 @@ from draftsmith.distill.init import flops_per_token
 from draftsmith.distill.losses import TokenSum, cross_entropy, distill_loss
 from draftsmith.errors import ConfigError
 from draftsmith.kinds.base import KindTraining
+from draftsmith.kinds.eagle3.config import eagle3_settings
 from draftsmith.kinds.eagle3.export import load_eagle3, write_eagle3
 from draftsmith.kinds.eagle3.head import (
     Eagle3Head,
@@ -90,7 +91,7 @@ def build_head(cfg: Config, target, dataset, num_ids: int) -> tuple[Eagle3Head, 
     Returns (head, description, coverage): the share of the training completion tokens
     inside the draft vocabulary.
     """
-    e = cfg.draft.eagle3
+    e = eagle3_settings(cfg)
     rows = target.config.get_text_config().vocab_size
     counts = completion_token_counts(dataset, rows, num_ids)
     vocab = build_draft_vocab(counts, e.draft_vocab_size, rows)
@@ -273,13 +274,13 @@ class Eagle3Training(KindTraining):
     def draft_settings(self, cfg: Config) -> dict:
         """The draft keys that change what the head trains (distill.checkpoint records them);
         include_embeddings is the export's business, not training's."""
-        e = dataclasses.asdict(cfg.draft.eagle3)
+        e = dataclasses.asdict(eagle3_settings(cfg))
         e.pop("include_embeddings")
         return {"dtype": cfg.draft.dtype, "eagle3": e}
 
     def check_target(self, cfg: Config, target_config, num_ids: int) -> None:
         """One ConfigError line for a target the configured head cannot be built on."""
-        e = cfg.draft.eagle3
+        e = eagle3_settings(cfg)
         layer_config_from_target(target_config)  # a supported family
         n = target_config.get_text_config().num_hidden_layers
         if e.aux_layer_ids is None:
@@ -319,7 +320,7 @@ class Eagle3Training(KindTraining):
             "aux_layer_ids": head.aux_layer_ids,
             "draft_vocab_size": head.vocab.size,
             "draft_vocab_coverage": vocab_coverage(counts, head.t2d.cpu()),
-            "ttt_steps": cfg.draft.eagle3.ttt_steps,
+            "ttt_steps": eagle3_settings(cfg).ttt_steps,
         }
         return head, target_tok, init, meta
 
@@ -343,20 +344,24 @@ class Eagle3Training(KindTraining):
 
     def training_modules(self, cfg: Config, loss_name: str, head, target, num_ids: int, device):
         """(teacher, the module accelerate prepares)."""
-        return Eagle3Teacher(target, head), HeadUnroll(head, cfg.draft.eagle3.ttt_steps, num_ids)
+        return Eagle3Teacher(target, head), HeadUnroll(
+            head, eagle3_settings(cfg).ttt_steps, num_ids
+        )
 
     def learning_rate(self, cfg: Config) -> float:
-        return cfg.draft.eagle3.lr or cfg.distill.lr
+        return eagle3_settings(cfg).lr or cfg.distill.lr
 
     def trainable_parameters(self, cfg: Config, head: Eagle3Head) -> list:
-        return trainable_parameters(head, cfg.draft.eagle3.train_lm_head)
+        return trainable_parameters(head, eagle3_settings(cfg).train_lm_head)
 
     def loss_weights(self, cfg: Config) -> list[float]:
-        e = cfg.draft.eagle3
+        e = eagle3_settings(cfg)
         return [e.ttt_loss_decay**j for j in range(e.ttt_steps)]
 
     def token_counts(self, tr, batch: Batch) -> list[float]:
-        return ttt_token_counts(tr.loss_name, batch, tr.cfg.draft.eagle3.ttt_steps, tr.draft.t2d)
+        return ttt_token_counts(
+            tr.loss_name, batch, eagle3_settings(tr.cfg).ttt_steps, tr.draft.t2d
+        )
 
     def loss_parts(self, tr, batch: Batch, on_policy: bool) -> list[TokenSum]:
         d = tr.cfg.distill
