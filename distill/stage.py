@@ -49,4 +49,4 @@ def run_distill(cfg: Config) -> None:
     """
     check_distill_settings(cfg)
     for directory, loss, training in _drafts(cfg):
-        train_draft(cfg, directory, loss_override=loss, kind=training)
+        train_draft(cfg, directory, training, loss_override=loss)

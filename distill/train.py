@@ -54,8 +54,8 @@ from draftsmith.distill.teacher import (
 )
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.io import clean_stale_temps
+from draftsmith.kinds import FALLBACK_KIND
 from draftsmith.kinds.base import KindTraining
-from draftsmith.kinds.independent.train import IndependentTraining
 from draftsmith.models import (
     batched_bf16,
     load_target,
@@ -296,7 +296,7 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
     data = TrainData(load_train_dataset(cfg.output_dir), dcfg.max_seq_len, need_topk)
     target_tok = load_target_tokenizer(cfg.target)
     num_ids = token_id_count(target_tok)  # logits past it are padding (draftsmith/vocab_rows.py)
-    kind.check_target(cfg, load_target_config(cfg.target), num_ids)  # before any weights load
+    kind.check_target(cfg, load_target_config(cfg.target), target_tok)  # before any weights load
     target = None
     if kind.needs_target_weights(cfg, loss_name, resume):
         target = load_target(cfg.target, acc.device, kind.target_dtype(cfg, acc.device))
@@ -407,16 +407,14 @@ def is_save_step(step: int, dcfg) -> bool:
 
 
 def train_draft(
-    cfg: Config, checkpoints_dir: Path, loss_override: str | None = None, kind=None
+    cfg: Config, checkpoints_dir: Path, kind: KindTraining, loss_override: str | None = None
 ) -> Path:
     """Train a draft into `checkpoints_dir`; returns the final checkpoint's path.
 
-    `kind`: the training side of a kind of draft (draftsmith/kinds/ `training()`);
-    default the independent draft (IndependentTraining). `loss_override` trains a twin with
-    another loss (e.g. "ce") on the same data, steps and init, for ablations. Resumable
-    per distill.resume; a finished run returns at once.
+    `kind`: the training side of a kind of draft (draftsmith/kinds/ DraftKind.training()).
+    `loss_override` trains a twin with another loss (e.g. "ce") on the same data, steps and
+    init, for ablations. Resumable per distill.resume; a finished run returns at once.
     """
-    kind = kind or IndependentTraining()  # draftsmith/kinds/independent/train.py
     checkpoints_dir = Path(checkpoints_dir)
     dcfg = cfg.distill
     loss_name = loss_override or dcfg.loss
@@ -437,7 +435,7 @@ def train_draft(
         tr.accelerator.print(f"distill: resuming from {resume} (step {tr.step})")
     else:
         save(tr)  # checkpoint-0: the untrained initialisation
-    job = "-".join(["distill"] + [kind.name] * (kind.name != "independent"))
+    job = "-".join(["distill"] + [kind.name] * (kind.name != FALLBACK_KIND))
     job += "" if loss_override is None else f"-{loss_name}"
     main = tr.accelerator.is_main_process
     with wandb_run(cfg, job) if main else contextlib.nullcontext(None) as run:
@@ -457,7 +455,7 @@ def _check_same_loss(resume: Path, loss_name: str) -> None:
 
 
 def _check_same_kind(resume: Path, kind: str) -> None:
-    trained = read_meta(resume).get("kind", "independent")
+    trained = read_meta(resume).get("kind", FALLBACK_KIND)
     if trained != kind:
         raise DraftsmithError(
             f"distill.resume: {resume} is a checkpoint of kind {trained}, not {kind}; "

@@ -441,3 +441,19 @@ def _id_text(i: int | None) -> str:
 
 def count_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def flops_per_token(model) -> int:
+    """Approximate forward FLOPs per token: 2 x (non-embedding params) + the head matmul.
+
+    Each weight is one multiply-add per token (2 FLOPs); the input embedding is a lookup
+    (free); the LM head is a (hidden x vocab) matmul (2 x hidden x vocab FLOPs) whether or
+    not it is tied. Attention's sequence-length-dependent score/value products are left
+    out (small at the short contexts drafts run at).
+    """
+    emb = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    non_emb = count_parameters(model) - emb.numel()
+    if head.data_ptr() != emb.data_ptr():
+        non_emb -= head.numel()
+    return 2 * non_emb + 2 * head.numel()

@@ -42,18 +42,15 @@ def preflight(cfg: Config, stages: list[str]) -> None:
 
         finished_meta(cfg, cfg.output_dir / "data")  # data made with other settings
     if "distill" in stages:
-        from draftsmith.distill.init import check_pretrained_draft
         from draftsmith.distill.stage import check_distill_settings
         from draftsmith.kinds import check_target
         from draftsmith.models import load_target_config, load_target_tokenizer
-        from draftsmith.vocab_rows import token_id_count
 
         check_distill_settings(cfg)  # checkpoints trained with other settings
         # each kind against the target's config and tokenizer (no weights): a target a
-        # configured kind cannot be built on fails before generate runs
-        target_tok = load_target_tokenizer(cfg.target)
-        check_pretrained_draft(cfg, target_tok)  # another family's draft, before generate runs
-        check_target(cfg, load_target_config(cfg.target), token_id_count(target_tok))
+        # configured kind cannot be built on (or a pretrained draft of another family)
+        # fails before generate runs
+        check_target(cfg, load_target_config(cfg.target), load_target_tokenizer(cfg.target))
     if "export" in stages:
         from draftsmith.export import check_export_target
 

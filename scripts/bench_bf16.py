@@ -25,9 +25,9 @@ import torch
 from draftsmith.config import DataConfig, DraftConfig, PromptSource, TargetConfig
 from draftsmith.data.hf_backend import HFBackend, score_batch
 from draftsmith.data.sources import encode, load_source, render
-from draftsmith.distill.init import draft_from_target, select_layers
 from draftsmith.distill.losses import cross_entropy
 from draftsmith.distill.teacher import CompletionLogits
+from draftsmith.kinds.independent.init import draft_from_target, select_layers
 from draftsmith.models import cpu_has_native_bf16, load_target, load_target_tokenizer
 
 

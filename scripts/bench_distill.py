@@ -24,9 +24,9 @@ import torch
 
 from draftsmith.config import TargetConfig, config_from_dict
 from draftsmith.distill.batching import collate
-from draftsmith.distill.init import draft_from_target
 from draftsmith.distill.losses import forward_kl
 from draftsmith.distill.train import setup, train_step
+from draftsmith.kinds.independent.init import draft_from_target
 from draftsmith.models import load_target, load_target_tokenizer, resolve_model
 
 TEXT = (

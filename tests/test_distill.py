@@ -25,7 +25,7 @@ from draftsmith.distill import list_checkpoints
 from draftsmith.distill.stage import run_distill
 from draftsmith.distill.train import train_draft
 from draftsmith.errors import ConfigError, DraftsmithError
-from draftsmith.kinds.independent.train import trainable_parameters
+from draftsmith.kinds.independent.train import IndependentTraining, trainable_parameters
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -170,7 +170,7 @@ def test_ablation_twin_and_wandb_offline_history(tmp_path, target_dir, data_dir)
     out = run_dir_with_data(tmp_path, data_dir)
     cfg = make_cfg(out, target_dir, max_steps=3, save_every=3, log_every=1)
     cfg.tracking.wandb.mode = "offline"
-    final = train_draft(cfg, out / "ce_twin", loss_override="ce")
+    final = train_draft(cfg, out / "ce_twin", IndependentTraining(), loss_override="ce")
     meta = checkpoint_meta(final)
     assert meta["loss_name"] == "ce"
     # wandb's service writes the offline log asynchronously: on a loaded machine the last

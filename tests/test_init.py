@@ -7,14 +7,13 @@ import torch
 from transformers import LlamaForCausalLM
 
 from draftsmith.config import DraftConfig
-from draftsmith.distill.init import (
+from draftsmith.errors import ConfigError
+from draftsmith.kinds.independent.init import (
     draft_from_config,
     draft_from_target,
-    flops_per_token,
     select_layers,
 )
-from draftsmith.errors import ConfigError
-from draftsmith.models import tiny_llama_config
+from draftsmith.models import flops_per_token, tiny_llama_config
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,10 @@ def test_kind_is_one_name_or_a_list_in_the_order_given():
     assert str(e.value) == "draft.kind: ['eagle3', 'eagle3'] names a kind twice"
     with pytest.raises(ConfigError) as e:
         cfg_with(kind=[])
-    assert str(e.value) == "draft.kind: name at least one kind (independent, eagle3, ...)"
+    assert (
+        str(e.value)
+        == "draft.kind: an empty list; name at least one registered kind (e.g. independent)"
+    )
     with pytest.raises(
         ConfigError, match="^draft.kind: unknown kind 'medusa' \\(known: independent, eagle3\\)$"
     ):
@@ -144,13 +147,16 @@ def _target_config(layers=8, model_type="llama", vocab=300):
         ),
     ],
 )
-def test_target_checks_name_the_key(eagle3, target, message):
+def test_target_checks_name_the_key(eagle3, target, message, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)  # 259 token ids
     cfg = config_from_dict({"draft": {"kind": ["independent", "eagle3"], "eagle3": eagle3}})
     with pytest.raises(ConfigError) as e:
-        check_target(cfg, _target_config(**target), num_ids=259)
+        check_target(cfg, _target_config(**target), tok)
     assert str(e.value) == message
     ok = config_from_dict({"draft": {"kind": "eagle3", "eagle3": {"draft_vocab_size": 259}}})
-    check_target(ok, _target_config(), num_ids=259)  # the default ids (2, 4, 5) fit 8 layers
+    check_target(ok, _target_config(), tok)  # the default ids (2, 4, 5) fit 8 layers
 
 
 def test_run_refuses_a_bad_eagle3_target_before_generating(tmp_path):

@@ -20,8 +20,8 @@ import torch
 from draftsmith import config, kinds
 from draftsmith.cli import main
 from draftsmith.config import load_config
-from draftsmith.distill.init import draft_from_target
 from draftsmith.errors import ConfigError
+from draftsmith.kinds.independent.init import draft_from_target
 from draftsmith.kinds.independent.train import IndependentTraining
 
 REPO = Path(__file__).resolve().parents[1]

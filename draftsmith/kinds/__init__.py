@@ -3,9 +3,9 @@
     base.py        DraftKind, the interface every kind implements, and KindTraining, what
                    distill's loop asks of one (both ABCs: a missing method fails at once)
     independent/   a small causal LM of the target's tokenizer: __init__ (IndependentKind),
-                   train.py (its training side), export.py (a plain HF model dir); its
-                   initialisation is distill/init.py, its proposer and replay the engine's
-                   defaults (evaluate/engine.py, evaluate/teacher_forced.py)
+                   init.py (draft.init: from_target, pretrained or config), train.py (its
+                   training side), export.py (a plain HF model dir); its proposer and
+                   replay are the engine's defaults (evaluate/engine.py, teacher_forced.py)
     eagle3/        an EAGLE-3 head on the target's hidden states: __init__ (Eagle3Kind),
                    head.py, vocab.py (its reduced draft vocabulary), train.py,
                    proposer.py (Proposer and replay), export.py, config.py (its section
@@ -106,10 +106,10 @@ def checkpoint_kind(path: Path) -> DraftKind:
     return get_kind(FALLBACK_KIND)
 
 
-def check_target(cfg: Config, target_config, num_ids: int) -> None:
-    """Every configured kind's checks against the target (its config and token count only)."""
+def check_target(cfg: Config, target_config, target_tok) -> None:
+    """Every configured kind's checks against the target (its config and tokenizer only)."""
     for name in cfg.draft.kinds:
-        get_kind(name).training().check_target(cfg, target_config, num_ids)
+        get_kind(name).training().check_target(cfg, target_config, target_tok)
 
 
 def teacher_forced_results(

@@ -106,8 +106,9 @@ class KindTraining(ABC):
         """The draft keys that change what this kind trains (an allow-list: resume checks them)."""
 
     @abstractmethod
-    def check_target(self, cfg: Config, target_config, num_ids: int) -> None:
-        """ConfigError naming the key when this kind cannot be built on the target."""
+    def check_target(self, cfg: Config, target_config, target_tok) -> None:
+        """One line naming the key when this kind cannot be built on the target, from its
+        config and tokenizer only (no weights): `draftsmith run` calls it before generate."""
 
     # -- the teacher
     @abstractmethod

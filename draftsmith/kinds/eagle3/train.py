@@ -37,7 +37,6 @@ from torch import Tensor, nn
 from draftsmith.config import Config
 from draftsmith.distill.batching import Batch
 from draftsmith.distill.checkpoint import read_meta
-from draftsmith.distill.init import flops_per_token
 from draftsmith.distill.losses import TokenSum, cross_entropy, distill_loss
 from draftsmith.errors import ConfigError
 from draftsmith.kinds.base import KindTraining
@@ -53,7 +52,7 @@ from draftsmith.kinds.eagle3.head import (
     shift_left,
 )
 from draftsmith.kinds.eagle3.vocab import build_draft_vocab
-from draftsmith.models import count_parameters, pick_dtype, resolve_model
+from draftsmith.models import count_parameters, flops_per_token, pick_dtype, resolve_model
 from draftsmith.vocab_rows import token_id_count
 
 
@@ -278,9 +277,9 @@ class Eagle3Training(KindTraining):
         e.pop("include_embeddings")
         return {"dtype": cfg.draft.dtype, "eagle3": e}
 
-    def check_target(self, cfg: Config, target_config, num_ids: int) -> None:
+    def check_target(self, cfg: Config, target_config, target_tok) -> None:
         """One ConfigError line for a target the configured head cannot be built on."""
-        e = eagle3_settings(cfg)
+        e, num_ids = eagle3_settings(cfg), token_id_count(target_tok)
         layer_config_from_target(target_config)  # a supported family
         n = target_config.get_text_config().num_hidden_layers
         if e.aux_layer_ids is None:

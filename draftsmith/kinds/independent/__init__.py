@@ -1,5 +1,5 @@
 """The independent kind: a small causal LM of the target's tokenizer (its own layers,
-embeddings and head), built by distill/init.py, trained by train.py here, decoded by the
+embeddings and head), built by init.py, trained by train.py here, decoded by the
 engine's IndependentProposer and replayed by evaluate/teacher_forced.py's INDEPENDENT,
 exported as a plain HF model dir (export.py here: vLLM `draft_model`, transformers'
 `assistant_model=`)."""
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 class IndependentKind(DraftKind):
-    """A small causal LM of the target's tokenizer (distill/init.py)."""
+    """A small causal LM of the target's tokenizer (init.py)."""
 
     name, root, own_tokenizer = "independent", "", True
 

@@ -1,5 +1,5 @@
 """The independent kind's side of the training loop: a small causal LM of the target's
-tokenizer (distill/init.py builds it), trained whole, in its last layers, or through
+tokenizer (init.py builds it), trained whole, in its last layers, or through
 low-rank adapters (distill/lora.py). distill/train.py's loop calls it, as any kind's
 training side, through kinds/base.py KindTraining.
 """
@@ -14,14 +14,14 @@ import torch
 from draftsmith.config import Config
 from draftsmith.distill.batching import Batch
 from draftsmith.distill.checkpoint import read_meta
-from draftsmith.distill.init import build_draft, flops_per_token
 from draftsmith.distill.losses import TokenSum, distill_loss
 from draftsmith.distill.teacher import CompletionLogits, teacher_signal
 from draftsmith.errors import ConfigError
 from draftsmith.kinds.base import KindTraining
-from draftsmith.models import count_parameters, load_tokenizer, pick_batch_dtype
+from draftsmith.kinds.independent.init import build_draft, check_pretrained_draft
+from draftsmith.models import count_parameters, flops_per_token, load_tokenizer, pick_batch_dtype
 
-# The draft keys the independent kind reads (distill/init.py build_draft), recorded with
+# The draft keys the independent kind reads (init.py build_draft), recorded with
 # its checkpoints; `draft.kind` and the other kinds' sections are not among them.
 DRAFT_KEYS = (
     "init",
@@ -145,8 +145,9 @@ class IndependentTraining(KindTraining):
         checkpoints' record, and so their resumption, untouched."""
         return {key: copy.deepcopy(getattr(cfg.draft, key)) for key in DRAFT_KEYS}
 
-    def check_target(self, cfg: Config, target_config, num_ids: int) -> None:
-        return None  # distill/init.py checks its own keys when it builds the draft
+    def check_target(self, cfg: Config, target_config, target_tok) -> None:
+        # a pretrained draft of another family; init.py checks the other keys as it builds
+        check_pretrained_draft(cfg, target_tok)
 
     def reads_topk(self, cfg: Config, loss_name: str) -> bool:
         return loss_name != "ce" and cfg.distill.teacher == "offline"

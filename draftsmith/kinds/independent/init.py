@@ -1,4 +1,4 @@
-"""Draft initialisation (cfg.draft.init): pretrained, from_target (layer subset) or config.
+"""The independent kind's initialisation (draft.init): pretrained, from_target (layer subset) or config.
 
 All three return a draft that shares the target's vocabulary, in fp32 unless
 draft.dtype says otherwise (mixed precision, not the weights, makes training
@@ -16,7 +16,6 @@ from draftsmith.config import Config, DraftConfig
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.models import (
     check_tokenizers_compatible,
-    count_parameters,
     load_model,
     load_target_generation_config,
     load_tokenizer,
@@ -137,29 +136,14 @@ def draft_from_config(target, cfg: DraftConfig, seed: int):
     return draft
 
 
-def flops_per_token(model) -> int:
-    """Approximate forward FLOPs per token: 2 x (non-embedding params) + the head matmul.
-
-    Each weight is one multiply-add per token (2 FLOPs); the input embedding is a lookup
-    (free); the LM head is a (hidden x vocab) matmul (2 x hidden x vocab FLOPs) whether or
-    not it is tied. Attention's sequence-length-dependent score/value products are left
-    out (small at the short contexts drafts run at).
-    """
-    emb = model.get_input_embeddings().weight
-    head = model.get_output_embeddings().weight
-    non_emb = count_parameters(model) - emb.numel()
-    if head.data_ptr() != emb.data_ptr():
-        non_emb -= head.numel()
-    return 2 * non_emb + 2 * head.numel()
-
-
 def check_pretrained_draft(cfg: Config, target_tok) -> None:
     """A pretrained draft's tokenizer against the target's, from files only (no weights).
 
-    `draftsmith run` calls this before generate writes anything, so a draft of another
-    family fails in seconds instead of after the target has generated the training data.
+    `draftsmith run` calls this (IndependentTraining.check_target) before generate writes
+    anything, so a draft of another family fails in seconds instead of after the target has
+    generated the training data.
     """
-    if cfg.draft.init != "pretrained" or "independent" not in cfg.draft.kinds:
+    if cfg.draft.init != "pretrained":
         return
     from transformers import AutoConfig
 
