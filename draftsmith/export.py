@@ -3,9 +3,9 @@
 Reads `<output_dir>/eval/leaderboard.json` (written by evaluate) and writes
 `<output_dir>/export/` (or `export.output_dir`) atomically: the directory
 appears complete or not at all. What the model files are is the chosen row's kind's
-business (draftsmith/kinds/ DraftKind.export): an independent draft is a clean HF model
-dir (vLLM method `draft_model`, or transformers' `assistant_model=`), a head on the target
-the layout its serving method loads, each validated before the rename.
+business (draftsmith/kinds/ DraftKind.export): a causal-LM draft is a clean HF model dir
+(vLLM method `draft_model`, or transformers' `assistant_model=`), a head on the target the
+layout its serving method loads, each validated before the rename.
 
 What export may replace: never the run directory, a directory above it, or anything
 inside a stage's directory (data/, checkpoints/, eval/, ...); with export.overwrite only

@@ -18,10 +18,11 @@ With no draft (or k = 0) the same loop is the target-only baseline: one 1-token 
 forward per emitted token, same caches, same sampling code, so speed comparisons are fair.
 
 The draft side is a `Proposer` (one per kind of draft, draftsmith/kinds/): prefill,
-propose (tokens and q over the target vocabulary), crop, observe. IndependentProposer is
-the causal-LM draft described above. A kind whose draft reads the target's hidden states
-(a head on the target) says so (Proposer.aux_layer_ids): the engine then asks the target's
-prefill and verify passes for those layers' states and hands them over. The invariant every
+propose (tokens and q over the target vocabulary), crop, observe. CausalLMProposer is
+the causal-LM draft described above (any draft that is a model of its own, baselines
+included). A kind whose draft reads the target's hidden states (a head on the target)
+says so (Proposer.aux_layer_ids): the engine then asks the target's prefill and verify
+passes for those layers' states and hands them over. The invariant every
 proposer keeps: with n committed tokens the target's cache holds n-1 and the first round
 feeds seq[-1] + drafts.
 
@@ -199,7 +200,7 @@ class Proposer(ABC):
         own tokens learns them at the next propose: nothing to do here by default."""
 
 
-class IndependentProposer(Proposer):
+class CausalLMProposer(Proposer):
     """A causal LM with its own KV cache: feed the tokens it lacks, then draft one at a time."""
 
     def __init__(self, model):
@@ -240,10 +241,10 @@ class IndependentProposer(Proposer):
 
 
 def as_proposer(draft) -> Proposer | None:
-    """A Proposer as is; a bare causal LM as an independent draft; None stays None."""
+    """A Proposer as is; a bare causal LM drafts with its own KV cache; None stays None."""
     if draft is None or isinstance(draft, Proposer):
         return draft
-    return IndependentProposer(draft)
+    return CausalLMProposer(draft)
 
 
 # ----------------------------------------------------------------------------- the engine
@@ -253,7 +254,7 @@ class SpeculativeDecoder:
     """Speculative decoding of one prompt at a time; `draft=None` is the target-only baseline.
 
     `draft`: a Proposer (draftsmith.kinds makes one for each kind of draft) or a causal LM,
-    which is run as an independent draft.
+    run by CausalLMProposer.
     """
 
     def __init__(

@@ -6,8 +6,8 @@ with evaluate.turn2 also `<set>-turn2`, evaluate/second_turn.py):
      timings, and at temperature 0 the target's own greedy output);
   2. every draft on every prompt at k = evaluate.num_speculative_tokens: greedy, one
      teacher-forced pass over the target's output replayed into the engine's exact counts
-     (each draft kind's own replay, draftsmith/kinds/: evaluate/teacher_forced.py for an
-     independent draft, one per k for a head reading its own states);
+     (each draft kind's own replay, DraftKind.replay: one pass for a causal-LM draft,
+     one per k for a head reading its own states; evaluate/teacher_forced.py);
      sampled, the engine itself;
   3. greedy: the real engine on the best draft of each kind and the drafts in
      `comparisons`, on at most evaluate.engine_max_prompts prompts per set: wall clock,

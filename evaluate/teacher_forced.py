@@ -17,7 +17,8 @@ The one caveat is numerical: a batched pass over T positions and the engine's ca
 rare (the equality test uses float64 to rule it out; on the real target the two agreed
 exactly on the runs compared in the README).
 
-That is the independent draft's replay. A draft kind whose later drafts in a round read
+That is the replay of a draft that is a causal LM of its own (CAUSAL_LM_REPLAY). A draft
+kind whose later drafts in a round read
 its own earlier states (a head on the target) brings its own pass through the kinds
 registry (`KindReplay`, DraftKind.replay): one target forward, then the head's steps
 round by round, at each k.
@@ -105,9 +106,9 @@ def teacher_forced_results(
     load_target: Callable | None = None,
 ) -> list[dict]:
     """refs: per prompt {"id", "category", "prompt_ids", "tokens": the target's greedy output
-    under `max_new_tokens`}. `kind`: the draft kind's replay (default: an independent draft);
+    under `max_new_tokens`}. `kind`: the draft kind's replay (default: a causal-LM draft);
     `load_target()` gives the target to a kind that reads it."""
-    kind = kind or INDEPENDENT
+    kind = kind or CAUSAL_LM_REPLAY
     out = []
     for r in refs:
         record = kind.teacher_forced_pass(
@@ -208,7 +209,7 @@ class KindReplay:
     teacher_forced_pass(draft, load_target, prompt_ids, target_tokens, vocab, k, budget) ->
         a JSON record per prompt with "margin" (as agreement_and_margin's), cached by the stage
     result(record, target_tokens, k, budget) -> the engine's count fields at k (counts_result)
-    per_k: whether the pass depends on k (an independent draft's argmax at a position does
+    per_k: whether the pass depends on k (a causal-LM draft's argmax at a position does
         not, so one pass serves every k; a head's later drafts read its own states)
     draft_step(draft, load_target, context, token) -> timing.Step: one proposal step on a
         cache holding `context`, for the cost timing
@@ -220,17 +221,17 @@ class KindReplay:
     draft_step: Callable
 
 
-def _independent_pass(draft, load_target, prompt_ids, target_tokens, vocab, k, budget):
+def _causal_lm_pass(draft, load_target, prompt_ids, target_tokens, vocab, k, budget):
     agree, margin = agreement_and_margin(draft, prompt_ids, target_tokens, vocab)
     return {"agree": agree, "margin": margin}
 
 
-def _independent_result(record: dict, tokens, k: int, budget: int) -> dict:
+def _causal_lm_result(record: dict, tokens, k: int, budget: int) -> dict:
     return replay(record["agree"], tokens, k, budget)
 
 
-def _independent_step(draft, load_target, context, token):
-    return timing.independent_draft_step(draft, context, token)
+def _causal_lm_step(draft, load_target, context, token):
+    return timing.causal_lm_draft_step(draft, context, token)
 
 
-INDEPENDENT = KindReplay(_independent_pass, _independent_result, False, _independent_step)
+CAUSAL_LM_REPLAY = KindReplay(_causal_lm_pass, _causal_lm_result, False, _causal_lm_step)

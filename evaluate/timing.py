@@ -101,8 +101,8 @@ def cached_forward(model, context: Sequence[int], feed: Sequence[int]) -> Step:
     return run, lambda: crop_cache(cache, keep)
 
 
-def independent_draft_step(draft, context: Sequence[int], token: int) -> Step:
-    """An independent draft's proposal step: one 1-token forward with its own KV cache."""
+def causal_lm_draft_step(draft, context: Sequence[int], token: int) -> Step:
+    """A causal-LM draft's proposal step: one 1-token forward with its own KV cache."""
     return cached_forward(draft, context, [token])
 
 

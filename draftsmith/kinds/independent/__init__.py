@@ -1,6 +1,6 @@
 """The independent kind: a small causal LM of the target's tokenizer (its own layers,
 embeddings and head), built by init.py, trained by train.py here, decoded by the
-engine's IndependentProposer and replayed by evaluate/teacher_forced.py's INDEPENDENT,
+engine's CausalLMProposer and replayed by evaluate/teacher_forced.py's CAUSAL_LM_REPLAY,
 exported as a plain HF model dir (export.py here: vLLM `draft_model`, transformers'
 `assistant_model=`)."""
 
@@ -30,14 +30,14 @@ class IndependentKind(DraftKind):
         return models.draft(draft)
 
     def proposer(self, module):
-        from draftsmith.evaluate.engine import IndependentProposer
+        from draftsmith.evaluate.engine import CausalLMProposer
 
-        return IndependentProposer(module)
+        return CausalLMProposer(module)
 
     def replay(self):
-        from draftsmith.evaluate.teacher_forced import INDEPENDENT
+        from draftsmith.evaluate.teacher_forced import CAUSAL_LM_REPLAY
 
-        return INDEPENDENT
+        return CAUSAL_LM_REPLAY
 
     def vllm_speculative_config(self, cfg: Config, path: str, k: int) -> dict:
         """evaluate.backend=vllm: the draft as vLLM's `draft_model` method."""
