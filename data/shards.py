@@ -99,8 +99,8 @@ def shard_problem(path: Path) -> str | None:
         info = json.loads((path / "shard.json").read_text())
     except (OSError, ValueError):
         return "shard.json is truncated or unreadable"
-    if "files" not in info:
-        return None  # written before shards carried digests: trusted as before
+    if not isinstance(info, dict) or "files" not in info:
+        return "shard.json holds no sha256 of its files"
     if file_digests(path / "dataset") != info["files"]:
         return "its files differ from the sha256 in shard.json (truncated or changed)"
     return None
