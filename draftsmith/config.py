@@ -266,7 +266,7 @@ class EvaluateConfig:
     primary_eval_set: str | None = None
     # Greedy: every draft is ranked on every prompt by its exact teacher-forced counts; the
     # engine (speedup, losslessness, k sweep) then decodes the best drafts on at most this many
-    # prompts per set (None: all). 8 x 32 tokens: ~30 s a draft at SmolLM2's ~10 tokens/s here.
+    # prompts per set (None: all); its cost is decoding time, a draft's tokens/s x this.
     engine_max_prompts: int | None = field(default=8, metadata=bounds(ge=1))
     # Interleaved repeats of the draft/verify cost timing behind the recommended k.
     cost_repeats: int = field(default=30, metadata=bounds(ge=3))

@@ -1,10 +1,10 @@
 """Draft and verify costs measured so that they hold still: interleaved, repeated, median.
 
-A speedup timed once on a shared machine is one draw from a wide distribution: identical
-tiny runs here measured k=1 at 0.16x to 1.44x, and the recommended k flipped with it
-(issue 15). What the k recommendation needs is not a wall-clock race but three cost ratios
-of this hardware: a 1-token draft forward (c), and a (k+1)-token verify forward (v_k), each
-over a 1-token target forward. This module measures them as a microbenchmark would:
+A speedup timed once on a shared machine is one draw from a wide distribution (README,
+"The recommended k", has the spread measured on identical runs). What the k
+recommendation needs is not a wall-clock race but three cost ratios of this hardware: a
+1-token draft forward (c), and a (k+1)-token verify forward (v_k), each over a 1-token
+target forward. This module measures them as a microbenchmark would:
 
 - every forward runs on one fixed context with a warm KV cache, cropped back after each
   run, so every repeat times the same work;

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the config module looks kinds up here (lazily): no import back at runtime
+if TYPE_CHECKING:  # type hints only: the interface needs no config at runtime
     from draftsmith.config import Config
 
 
