@@ -39,7 +39,7 @@ from draftsmith.io import (
     clean_stale_temps,
     corrupt_file,
 )
-from draftsmith.kinds import kind_of
+from draftsmith.kinds import FALLBACK_KIND, get_kind
 from draftsmith.models import resolve_model
 from draftsmith.rundir import STAGE_DIRS, from_run, is_inside, make_dir, record_config, run_relative
 
@@ -152,6 +152,11 @@ def choose_row(board: dict, checkpoint: str | None) -> dict:
     )
 
 
+def _row_kind(row: dict):
+    """A leaderboard row's kind (rows become typed records in the next step)."""
+    return get_kind(row.get("kind") or FALLBACK_KIND)
+
+
 def _fmt(x, digits: int = 3) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
@@ -196,7 +201,7 @@ def _training(meta: dict | None, row: dict) -> str:
     if d is None:  # a checkpoint written before checkpoints recorded their settings
         return f"{(meta or {}).get('loss_name', 'unknown loss')}, {steps} steps (settings not recorded)"
     batch = f"batch {d['batch_size']} x {d['grad_accum_steps']} accumulation, lr {d['lr']}"
-    teacher, more = kind_of(row).card_training(meta["settings"])
+    teacher, more = _row_kind(row).card_training(meta["settings"])
     if role == "ce_twin":
         return (
             f"ce (plain cross-entropy on the target's outputs: the run's distill.ce_baseline "
@@ -263,7 +268,7 @@ def _eval_sets(board: dict, checkpoint: str) -> str:
 
 def model_card(cfg: Config, board: dict, row: dict, k: int, out: Path, meta: dict | None) -> str:
     """The README of an export; `meta` is the checkpoint's own record (None for a baseline)."""
-    kind = kind_of(row)
+    kind = _row_kind(row)
     spec = json.dumps(kind.speculative_config(out, k))
     target = board.get("target", cfg.target.model)
     target_path = resolve_model(cfg.target.model)  # a dir or hub id that vLLM can load
@@ -365,7 +370,7 @@ def run_export(cfg: Config) -> Path:
     make_dir(out.parent, "export.output_dir")
     record_config(cfg)
     clean_stale_temps(out.parent, prefix=out.name + TMP_MARK)  # a killed export's temp dir
-    kind = kind_of(row)
+    kind = _row_kind(row)
     with atomic_dir(out, overwrite=cfg.export.overwrite) as tmp:
         kind.export(cfg, src, k, tmp, out)  # model files + speculative_config.json, validated
         atomic_write_json(tmp / "leaderboard_row.json", row)

@@ -22,6 +22,7 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import metrics
+from draftsmith.evaluate.records import DraftEntry
 from draftsmith.evaluate.report import METRIC_KEYS
 from draftsmith.models import resolve_model
 
@@ -259,6 +260,6 @@ def recommend_k(sweep: list[dict]) -> dict:
     }
 
 
-def draft_path(draft: dict) -> str:
+def draft_path(draft: DraftEntry) -> str:
     """The directory a draft's weights are in (a registry name is pulled first)."""
-    return str(Path(draft["ref"])) if Path(draft["ref"]).exists() else resolve_model(draft["ref"])
+    return str(Path(draft.ref)) if Path(draft.ref).exists() else resolve_model(draft.ref)

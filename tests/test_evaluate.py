@@ -643,7 +643,7 @@ def test_a_self_draft_that_rejects_tokens_fails_the_run(run_dir, monkeypatch, ca
     real = stage.Models.draft
 
     def wrong_weights(self, draft):
-        if draft.get("role") == "sanity":
+        if draft.role == "sanity":
             ck0 = str(run_dir / "checkpoints" / "checkpoint-0")
             return load_model(ck0, device=torch.device("cpu"), dtype=torch.float32)
         return real(self, draft)

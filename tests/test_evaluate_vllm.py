@@ -11,6 +11,7 @@ import pytest
 from draftsmith.config import config_from_dict
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import vllm_backend as vb
+from draftsmith.evaluate.records import DraftEntry
 
 
 @dataclass
@@ -184,13 +185,13 @@ def test_vllm_rows_cover_every_eval_set_and_sweep_the_primary_one(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
     monkeypatch.setattr(vb, "import_vllm", lambda key: fake)
     monkeypatch.setattr(vb, "resolve_model", lambda ref, key=None: ref)
-    monkeypatch.setattr(vb, "draft_path", lambda d: d["ref"])
+    monkeypatch.setattr(vb, "draft_path", lambda d: d.ref)
     cfg = config_from_dict({"evaluate": {"backend": "vllm", "k_sweep": [1, 3]}})
     cfg.evaluate.num_speculative_tokens = 3
     p = {"category": "c", "prompt_ids": [1, 2]}
     sets = {"mtbench": [p, p, p], "heldout": [p]}
     drafts = [
-        {"name": n, "ref": f"/d/{n}", "step": s, "trained_steps": s}
+        DraftEntry(name=n, ref=f"/d/{n}", step=s, trained_steps=s, kind="independent")
         for n, s in (("a", 1), ("b", 2))
     ]
     rows, best, sweep = vb.vllm_rows(cfg, sets, drafts, "mtbench")

@@ -106,7 +106,7 @@ def test_eagle3_engine_counts_equal_the_teacher_forced_replay(both_run):
     prompts = {p["id"]: p for p in load_prompts(out)}
     models = Models(cfg)
     num_ids = token_id_count(models.tokenizer())
-    drafts = [d for d in list_drafts(out, [], kinds=cfg.draft.kinds) if d["kind"] == "eagle3"]
+    drafts = [d for d in list_drafts(out, [], kinds=cfg.draft.kinds) if d.kind == "eagle3"]
     fields = ("tokens", "proposed", "accepted", "accepted_at", "reached_at", "target_forwards")
     decoded = 0
     for d in drafts:
@@ -117,7 +117,7 @@ def test_eagle3_engine_counts_equal_the_teacher_forced_replay(both_run):
         refs = [{**prompts[r["id"]], "tokens": base[r["id"]]["tokens"]} for r in spec]
         fast = teacher_forced_results(d, models, refs, k, budget, num_ids)
         for e, f in zip(spec, fast, strict=True):
-            assert {c: f[c] for c in fields} == {c: e[c] for c in fields}, (d["name"], e["id"])
+            assert {c: f[c] for c in fields} == {c: e[c] for c in fields}, (d.name, e["id"])
         decoded += 1
     # the engine decoded eagle3-checkpoint-0 (init), -6 (last) and the best of the kind (one
     # of those two, or a third): every one of them was checked above
