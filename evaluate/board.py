@@ -16,7 +16,7 @@ from draftsmith.config import Config
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import metrics
 from draftsmith.evaluate.ranking import draft_path, pick_best, rankable
-from draftsmith.evaluate.records import DraftEntry
+from draftsmith.evaluate.records import DraftEntry, LeaderboardRow, MetricSummary, summary_args
 from draftsmith.kinds import kind_of
 
 # ----------------------------------------------------------------------------- rows and ranking
@@ -32,7 +32,7 @@ def build_row(
     measured_by: str,
     data: dict | None = None,
     prompts: list[dict] | None = None,
-) -> dict:
+) -> LeaderboardRow:
     """One leaderboard row: `draft` at k on `eval_set`, from per-prompt results (`data`: the
     engine's cache entry, for the lossless check; `prompts`, aligned with the results: their
     ids, for the echo split)."""
@@ -41,27 +41,27 @@ def build_row(
     q = metrics.quartiles(speedups) if speedups else None
     ids = [p["prompt_ids"] for p in prompts] if prompts is not None else None
     categories = [r["category"] for r in results]
-    return {
-        "checkpoint": draft.name,
-        "path": draft_path(draft),
-        "step": draft.step,
-        "role": draft.role,
-        "kind": kind_of(draft).name,
-        "trained_steps": draft.trained_steps,
-        "eval_set": eval_set,
-        "measured_by": measured_by,
-        **metrics.summarize(results, base, k, ids),
-        "speedup_iqr": [q[0], q[2]] if q else None,
-        "per_category": metrics.per_category(results, base, categories, k, ids),
-        "lossless_match_rate": (data or {}).get("lossless_match_rate"),
+    per_category = metrics.per_category(results, base, categories, k, ids)
+    ties = (data or {}).get("lossless_ties")
+    return LeaderboardRow(
+        checkpoint=draft.name,
+        path=draft_path(draft),
+        step=draft.step,
+        role=draft.role,
+        kind=kind_of(draft).name,
+        trained_steps=draft.trained_steps,
+        eval_set=eval_set,
+        measured_by=measured_by,
+        **summary_args(metrics.summarize(results, base, k, ids)),
+        speedup_iqr=[q[0], q[2]] if q else None,
+        per_category={c: MetricSummary(**summary_args(s)) for c, s in per_category.items()},
+        lossless_match_rate=(data or {}).get("lossless_match_rate"),
         # prompts whose output left the target's at a numerical near-tie (check_lossless)
-        "lossless_ties": len(data["lossless_ties"])
-        if (data or {}).get("lossless_ties") is not None
-        else None,
-        "num_speculative_tokens": k,
-        "temperature": cfg.evaluate.temperature,
-        "backend": cfg.evaluate.backend,
-    }
+        lossless_ties=len(ties) if ties is not None else None,
+        num_speculative_tokens=k,
+        temperature=cfg.evaluate.temperature,
+        backend=cfg.evaluate.backend,
+    )
 
 
 def hardware() -> str:
@@ -103,37 +103,43 @@ def compare_drafts(
     return out
 
 
-def compare_kinds(rows: list[dict], per_prompt: dict[str, list[dict]], metric: str, seed: int):
+def compare_kinds(
+    rows: list[LeaderboardRow], per_prompt: dict[str, list[dict]], metric: str, seed: int
+):
     """With drafts of more than one kind: the best of each kind (by `metric` on these rows)
     against the best of every other kind, paired by prompt: which kind pays on this set."""
     ranked = rankable(rows)
-    kinds = list(dict.fromkeys(r["kind"] for r in ranked))
-    best = [pick_best([r for r in ranked if r["kind"] == k], metric) for k in kinds]
+    kinds = list(dict.fromkeys(r.kind for r in ranked))
+    best = [pick_best([r for r in ranked if r.kind == k], metric) for k in kinds]
     out = []
     for i, a in enumerate(best):
         for b in best[i + 1 :]:
             diff = metrics.paired_diff_by_category(
-                per_prompt[a["checkpoint"]], per_prompt[b["checkpoint"]], seed=seed
+                per_prompt[a.checkpoint], per_prompt[b.checkpoint], seed=seed
             )
             if diff is not None:
-                row = {"draft": a["checkpoint"], "against": b["checkpoint"], "role": "other_kind"}
+                row = {"draft": a.checkpoint, "against": b.checkpoint, "role": "other_kind"}
                 out.append({**row, **diff})
     return out
 
 
-def engine_drafts(drafts: list[DraftEntry], rows: list[dict], metric: str) -> list[DraftEntry]:
+def engine_drafts(
+    drafts: list[DraftEntry], rows: list[LeaderboardRow], metric: str
+) -> list[DraftEntry]:
     """The drafts the engine decodes when greedy: the best of each kind by `metric` (on the
     primary set's rows, aligned with `drafts`) and the drafts of the comparisons."""
     names = {d.name for d in drafts if d.role == "sanity"}
     ranked = rankable(rows)
-    for kind in dict.fromkeys(r["kind"] for r in ranked):
-        names.add(pick_best([r for r in ranked if r["kind"] == kind], metric)["checkpoint"])
+    for kind in dict.fromkeys(r.kind for r in ranked):
+        names.add(pick_best([r for r in ranked if r.kind == kind], metric).checkpoint)
     for last, others in compared(drafts):
         names |= {d.name for d in [last, *others]}
     return [d for d in drafts if d.name in names]
 
 
-def check_self_draft(rows: list[dict], on_mismatch: str, exact: bool = True) -> list[dict]:
+def check_self_draft(
+    rows: list[LeaderboardRow], on_mismatch: str, exact: bool = True
+) -> list[dict]:
     """The target drafting for itself (evaluate.baselines: [target]) must accept every token
     it is judged on, by replay and by the engine: anything less means the engine, a loader
     or the config is wrong. Greedy rows only (sampled acceptance is min(1, p/q) of two
@@ -142,15 +148,15 @@ def check_self_draft(rows: list[dict], on_mismatch: str, exact: bool = True) -> 
     round real near-ties differently, so a shortfall is reported as a warning, not an error."""
     checked = []
     for r in rows:
-        if r.get("role") != "sanity" or r["temperature"] != 0:
+        if r.role != "sanity" or r.temperature != 0:
             continue
-        ok = r["alpha"] == 1.0
-        checked.append({"eval_set": r["eval_set"], "measured_by": r["measured_by"], "pass": ok})
+        ok = r.alpha == 1.0
+        checked.append({"eval_set": r.eval_set, "measured_by": r.measured_by, "pass": ok})
         print(
-            f"[evaluate] sanity: the target drafting for itself on {r['eval_set']} "
-            f"({r['measured_by']}): alpha {r['alpha']:.4f}, "
-            f"{r['mean_accepted_length']:.2f} tokens per target forward "
-            f"(k={r['num_speculative_tokens']}): {'pass' if ok else 'FAIL'}"
+            f"[evaluate] sanity: the target drafting for itself on {r.eval_set} "
+            f"({r.measured_by}): alpha {r.alpha:.4f}, "
+            f"{r.mean_accepted_length:.2f} tokens per target forward "
+            f"(k={r.num_speculative_tokens}): {'pass' if ok else 'FAIL'}"
         )
     failed = [c for c in checked if not c["pass"]]
     if failed and not exact:
@@ -208,7 +214,7 @@ def native_board(cfg: Config, sets: dict, primary: str, drafts: list[DraftEntry]
         else [ranking_rows[d.name, primary] for d in drafts]
     )
     best = pick_best(rankable(pool), ev.select_metric)
-    best_draft = next(d for d in drafts if d.name == best["checkpoint"])
+    best_draft = next(d for d in drafts if d.name == best.checkpoint)
     sweep, costs = runner.sweep(best_draft, primary, sets[primary], bases[primary])
     rows = [
         r

@@ -385,9 +385,10 @@ class NativeEvaluator:
             draft, data["results"], sub_base, self.cfg, k, name, "engine", data, prompts=sub
         )
         if stop_below is not None:
-            return {**row, "stop_threshold": stop_below}
+            row.stop_threshold = stop_below
+            return row
         replayed = self.replayed(draft, name, prompts, base, k)
-        row["replay_match_rate"] = teacher_forced.check_replay(
+        row.replay_match_rate = teacher_forced.check_replay(
             f"{draft.name} on {name} at k={k}",
             data["results"],
             [replayed[i] for i in idx],
@@ -452,6 +453,6 @@ class NativeEvaluator:
             else:
                 data = self.engine(draft, name, prompts, base, k, t)
                 row = build_row(draft, data["results"], base, self.cfg, k, name, "engine", data)
-                row["stop_threshold"] = t
+                row.stop_threshold = t
             out.append(dynamic_sweep_entry(row, costs))
         return out, costs

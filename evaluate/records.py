@@ -229,6 +229,8 @@ class LeaderboardRow(MetricSummary):
     WHERE = ("eval_set", "measured_by")
     SETTINGS = ("num_speculative_tokens", "temperature", "backend")
     EXTRAS = ("replay_match_rate", "stop_threshold", "trained_with")
+    # the row's own fields that are always written (per_category: one summary per category)
+    OWN = (*IDENTITY, *WHERE, *SETTINGS, "speedup_iqr", "lossless_match_rate", "lossless_ties")
     # build_row's order, then the fields written only when set
     ROW_KEYS = (
         *IDENTITY,
@@ -261,11 +263,7 @@ class LeaderboardRow(MetricSummary):
         return self.VLLM_ROW_KEYS if self.backend == VLLM else self.ROW_KEYS
 
     def to_dict(self) -> dict:
-        values = self.summary_fields() | {
-            name: getattr(self, name)
-            for name in (*self.IDENTITY, *self.WHERE, *self.SETTINGS, "speedup_iqr")
-            + ("lossless_match_rate", "lossless_ties")
-        }
+        values = self.summary_fields() | {name: getattr(self, name) for name in self.OWN}
         values["per_category"] = {
             cat: m.to_dict(self.backend) for cat, m in self.per_category.items()
         }

@@ -110,7 +110,7 @@ def test_eagle3_engine_counts_equal_the_teacher_forced_replay(both_run):
     fields = ("tokens", "proposed", "accepted", "accepted_at", "reached_at", "target_forwards")
     decoded = 0
     for d in drafts:
-        path = results / f"{d['name']}-heldout-k{k}-t0.json"
+        path = results / f"{d.name}-heldout-k{k}-t0.json"
         if not path.is_file():  # the engine decodes only the best and the compared drafts
             continue
         spec = json.loads(path.read_text())["results"]
