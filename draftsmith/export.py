@@ -24,6 +24,7 @@ from pathlib import Path
 
 from draftsmith.config import Config
 from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.evaluate.records import LeaderboardRow, rows_from_dicts
 from draftsmith.evaluate.report import (
     TRAINED_ROLES,
     format_comparison,
@@ -62,7 +63,7 @@ def read_leaderboard(cfg: Config) -> dict:
         raise corrupt_file(path, "not a draftsmith leaderboard", fix)
     if not board.get("rows"):
         raise DraftsmithError(f"{path}: the leaderboard has no rows")
-    return board
+    return {**board, "rows": rows_from_dicts(board["rows"], path)}
 
 
 # ----------------------------------------------------------------------------- where to export
@@ -111,42 +112,42 @@ def check_export_target(cfg: Config) -> Path:
     return out
 
 
-def source_dir(cfg: Config, row: dict) -> Path:
+def source_dir(cfg: Config, row: LeaderboardRow) -> Path:
     """The chosen row's model dir: relative to this run dir, so a copy exports its own weights."""
-    src = from_run(row["path"], cfg.output_dir)
+    src = from_run(row.path, cfg.output_dir)
     if not (src / "config.json").is_file():
         who = "export.checkpoint" if cfg.export.checkpoint else "the leaderboard's best draft"
         raise DraftsmithError(
-            f"{src}: {who} {row['checkpoint']!r} is not there (deleted since evaluate?); rerun "
+            f"{src}: {who} {row.checkpoint!r} is not there (deleted since evaluate?); rerun "
             "`draftsmith evaluate CONFIG` to rank what is on disk"
         )
     return src
 
 
-def draft_rows(board: dict, checkpoint: str) -> list[dict]:
+def draft_rows(board: dict, checkpoint: str) -> list[LeaderboardRow]:
     """A draft's rows on the primary eval set: its engine row (speedup, losslessness) first
     when the engine decoded it, then its row over every prompt."""
     primary = board.get("primary_eval_set")
     rows = [
         r
         for r in board["rows"]
-        if r["checkpoint"] == checkpoint and (primary is None or r.get("eval_set") == primary)
+        if r.checkpoint == checkpoint and (primary is None or r.eval_set == primary)
     ]
-    return sorted(rows, key=lambda r: r.get("measured_by") != "engine")
+    return sorted(rows, key=lambda r: r.measured_by != "engine")
 
 
-def choose_row(board: dict, checkpoint: str | None) -> dict:
+def choose_row(board: dict, checkpoint: str | None) -> LeaderboardRow:
     """The row named by export.checkpoint, else the leaderboard's best (draft_rows' first)."""
     wanted = checkpoint or board["best"]
     rows = draft_rows(board, wanted)
-    if rows and rows[0].get("role") == "sanity":
+    if rows and rows[0].role == "sanity":
         raise DraftsmithError(
             f"export.checkpoint: {wanted!r} is the target drafting for itself (a sanity "
             "check), not a draft to serve"
         )
     if rows:
         return rows[0]
-    names = ", ".join(dict.fromkeys(r["checkpoint"] for r in board["rows"]))
+    names = ", ".join(dict.fromkeys(r.checkpoint for r in board["rows"]))
     raise DraftsmithError(
         f"export.checkpoint: {wanted!r} is not on the leaderboard (have: {names})"
     )
@@ -184,10 +185,10 @@ def _data_summary(cfg: Config) -> str:
     return out
 
 
-def _training(meta: dict | None, row: dict) -> str:
+def _training(meta: dict | None, row: LeaderboardRow) -> str:
     """How the exported draft was trained, from its checkpoint's own record (never the config,
     which may have changed since)."""
-    role, steps = row.get("role"), row.get("trained_steps", row.get("step"))
+    role, steps = row.role, row.trained_steps
     if role == "init":
         return "none: the untrained initialisation ranked best"
     if role == "baseline":
@@ -208,8 +209,8 @@ def _training(meta: dict | None, row: dict) -> str:
     )
 
 
-def _init(meta: dict | None, row: dict) -> str:
-    if row.get("role") == "baseline":
+def _init(meta: dict | None, row: LeaderboardRow) -> str:
+    if row.role == "baseline":
         return "external (evaluate.baselines)"
     return (meta or {}).get("init") or "not recorded"
 
@@ -226,13 +227,13 @@ def _comparisons(board: dict) -> str:
     return "Against the run's other drafts, same prompts:\n" + "\n".join(lines) + "\n"
 
 
-def _spread(row: dict) -> str:
-    iqr = row.get("speedup_iqr")
+def _spread(row: LeaderboardRow) -> str:
+    iqr = row.speedup_iqr
     return f" (per prompt: {iqr[0]:.2f}x-{iqr[1]:.2f}x, interquartile)" if iqr else ""
 
 
-def _by(row: dict) -> str:
-    if row.get("measured_by") == "teacher_forced":
+def _by(row: LeaderboardRow) -> str:
+    if row.measured_by == "teacher_forced":
         return "teacher-forced replay (exact greedy counts)"
     return "real speculative decoding"
 
@@ -241,35 +242,37 @@ def _eval_sets(board: dict, checkpoint: str) -> str:
     """Per eval set: the draft's acceptance over every prompt, and per category."""
     out = []
     for row in ranking_rows(board["rows"]):
-        if row["checkpoint"] != checkpoint:
+        if row.checkpoint != checkpoint:
             continue
-        name = row.get("eval_set") or "held-out prompts"
+        name = row.eval_set or "held-out prompts"
         primary = " (primary)" if name == board.get("primary_eval_set") else ""
         cats = "\n".join(
-            f"| {c} | {_fmt(v.get('acceptance_rate'))} | {_fmt(v.get('alpha'))} | "
-            f"{_fmt(v.get('mean_accepted_length'), 2)} | {v.get('num_prompts', '')} |"
-            for c, v in sorted(row.get("per_category", {}).items())
+            f"| {c} | {_fmt(v.acceptance_rate)} | {_fmt(v.alpha)} | "
+            f"{_fmt(v.mean_accepted_length, 2)} | {v.num_prompts} |"
+            for c, v in sorted(row.per_category.items())
         )
         out.append(
-            f"### {name}{primary}: {row.get('num_prompts')} prompts, {_by(row)}\n"
-            f"acceptance rate {_fmt(row.get('acceptance_rate'))}, alpha "
-            f"{_fmt(row.get('alpha'))}, {_fmt(row.get('mean_accepted_length'), 2)} tokens per "
-            f"target forward at k = {row.get('num_speculative_tokens')}\n\n"
+            f"### {name}{primary}: {row.num_prompts} prompts, {_by(row)}\n"
+            f"acceptance rate {_fmt(row.acceptance_rate)}, alpha "
+            f"{_fmt(row.alpha)}, {_fmt(row.mean_accepted_length, 2)} tokens per "
+            f"target forward at k = {row.num_speculative_tokens}\n\n"
             "| category | acceptance rate | alpha | mean accepted length | prompts |\n"
             f"|---|---|---|---|---|\n{cats}\n"
         )
     return "\n".join(out)
 
 
-def model_card(cfg: Config, board: dict, row: dict, k: int, out: Path, meta: dict | None) -> str:
+def model_card(
+    cfg: Config, board: dict, row: LeaderboardRow, k: int, out: Path, meta: dict | None
+) -> str:
     """The README of an export; `meta` is the checkpoint's own record (None for a baseline)."""
     kind = kind_of(row)
     spec = json.dumps(kind.speculative_config(out, k))
     target = board.get("target", cfg.target.model)
     target_path = resolve_model(cfg.target.model)  # a dir or hub id that vLLM can load
-    positions = ", ".join(_fmt(p, 2) for p in row.get("per_position_acceptance", []))
+    positions = ", ".join(_fmt(p, 2) for p in row.per_position_acceptance)
     sweep = "\n".join(format_sweep(board))
-    lossless = row.get("lossless_match_rate")
+    lossless = row.lossless_match_rate
     verdict = {None: "(not decoded)", 1.0: "(pass)"}.get(lossless, "(FAIL)")
     return f"""# Draft model for {target}
 
@@ -278,7 +281,7 @@ verifies every drafted token, so outputs are exactly the target's own; the draft
 changes speed.
 
 ## Draft
-- checkpoint: `{row["checkpoint"]}` (step {row.get("trained_steps", row.get("step"))}), chosen by `{board.get("select_metric")}`
+- checkpoint: `{row.checkpoint}` (step {row.trained_steps}), chosen by `{board.get("select_metric")}`
 - kind: {kind.card_kind(meta)}
 - initialisation: {_init(meta, row)}
 - training: {_training(meta, row)}
@@ -286,26 +289,26 @@ changes speed.
 ## Data
 {_data_summary(cfg)}
 
-## Measured on {row.get("eval_set") or "held-out prompts"} by {_by(row)}
-Measured on: {board.get("hardware", platform.platform())}, {row.get("num_prompts")} prompts,
-k = {row.get("num_speculative_tokens")}, temperature {row.get("temperature")}.
+## Measured on {row.eval_set or "held-out prompts"} by {_by(row)}
+Measured on: {board.get("hardware", platform.platform())}, {row.num_prompts} prompts,
+k = {row.num_speculative_tokens}, temperature {row.temperature}.
 
 | metric | value |
 |---|---|
-| acceptance rate (accepted / proposed drafts) | {_fmt(row.get("acceptance_rate"))} |
-| alpha (accepted / verified drafts, per-token acceptance) | {_fmt(row.get("alpha"))} |
-| mean accepted length (tokens per target forward) | {_fmt(row.get("mean_accepted_length"), 2)} |
-| measured speedup over target-only decoding | {_fmt(row.get("speedup"), 2)}x{_spread(row)} |
-| modelled speedup (verify forward = 1 target forward) | {_fmt(row.get("modelled_speedup"), 2)}x |
-| modelled speedup (measured verify cost) | {_fmt(row.get("modelled_speedup_verify"), 2)}x |
-| draft cost ratio c (draft forward / target forward) | {_fmt(row.get("draft_cost_ratio"))} |
-| verify cost ratio v ((k+1)-token / 1-token target forward) | {_fmt(row.get("verify_cost_ratio"), 2)} |
+| acceptance rate (accepted / proposed drafts) | {_fmt(row.acceptance_rate)} |
+| alpha (accepted / verified drafts, per-token acceptance) | {_fmt(row.alpha)} |
+| mean accepted length (tokens per target forward) | {_fmt(row.mean_accepted_length, 2)} |
+| measured speedup over target-only decoding | {_fmt(row.speedup, 2)}x{_spread(row)} |
+| modelled speedup (verify forward = 1 target forward) | {_fmt(row.modelled_speedup, 2)}x |
+| modelled speedup (measured verify cost) | {_fmt(row.modelled_speedup_verify, 2)}x |
+| draft cost ratio c (draft forward / target forward) | {_fmt(row.draft_cost_ratio)} |
+| verify cost ratio v ((k+1)-token / 1-token target forward) | {_fmt(row.verify_cost_ratio, 2)} |
 | lossless check (greedy output == target's own) | {_fmt(lossless)} {verdict} |
 
 Per-position acceptance (given the position was reached): {positions}
 
 ## Eval sets
-{_eval_sets(board, row["checkpoint"])}
+{_eval_sets(board, row.checkpoint)}
 {_comparisons(board)}
 ### k sweep on {board.get("primary_eval_set") or "the held-out prompts"}
 Acceptance per k over every prompt, the modelled speedup from draft/verify costs timed in
@@ -321,7 +324,7 @@ range over prompts]:
 """
 
 
-def _log_artifact(cfg: Config, out: Path, row: dict) -> None:
+def _log_artifact(cfg: Config, out: Path, row: LeaderboardRow) -> None:
     from draftsmith.tracking import wandb_run
 
     with wandb_run(cfg, "export") as run:
@@ -329,7 +332,9 @@ def _log_artifact(cfg: Config, out: Path, row: dict) -> None:
             return
         import wandb
 
-        meta = {k: v for k, v in row.items() if isinstance(v, (int, float, str, list, dict))}
+        meta = {
+            k: v for k, v in row.to_dict().items() if isinstance(v, (int, float, str, list, dict))
+        }
         art = wandb.Artifact(name=f"draft-{cfg.output_dir.name}", type="model", metadata=meta)
         art.add_dir(str(out))
         run.log_artifact(art)
@@ -355,11 +360,11 @@ def run_export(cfg: Config) -> Path:
     board = read_leaderboard(cfg)
     row = choose_row(board, cfg.export.checkpoint)
     src = source_dir(cfg, row)
-    meta = read_meta(src) if row.get("role") in TRAINED_ROLES else None
+    meta = read_meta(src) if row.role in TRAINED_ROLES else None
     check_weight_files(src)  # a truncated source: named before anything is copied
     k = int(
         board.get("recommended_k")
-        or row.get("num_speculative_tokens")
+        or row.num_speculative_tokens
         or cfg.evaluate.num_speculative_tokens
     )
     make_dir(out.parent, "export.output_dir")
@@ -368,12 +373,12 @@ def run_export(cfg: Config) -> Path:
     kind = kind_of(row)
     with atomic_dir(out, overwrite=cfg.export.overwrite) as tmp:
         kind.export(cfg, src, k, tmp, out)  # model files + speculative_config.json, validated
-        atomic_write_json(tmp / "leaderboard_row.json", row)
+        atomic_write_json(tmp / "leaderboard_row.json", row.to_dict())
         (tmp / "README.md").write_text(model_card(cfg, board, row, k, out, meta))
         atomic_write_json(
             tmp / EXPORT_MARKER,
             {
-                "checkpoint": row["checkpoint"],
+                "checkpoint": row.checkpoint,
                 "source": run_relative(src, cfg.output_dir),
                 "run_dir": str(cfg.output_dir.resolve()),
                 "location": str(out.resolve()),
@@ -382,5 +387,5 @@ def run_export(cfg: Config) -> Path:
             },
         )
     _log_artifact(cfg, out, row)
-    print(f"exported {row['checkpoint']} ({kind.name}) to {out} (recommended k={k})")
+    print(f"exported {row.checkpoint} ({kind.name}) to {out} (recommended k={k})")
     return out

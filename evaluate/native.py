@@ -35,6 +35,7 @@ from draftsmith.evaluate.ranking import (
     near_tie_tolerance,
     target_tie_gap,
 )
+from draftsmith.evaluate.records import DraftEntry
 from draftsmith.fast_linear import few_row_counts
 from draftsmith.io import atomic_write_json, kill_hook
 from draftsmith.kinds import kind_of
@@ -128,25 +129,25 @@ class Models:
             self._target = load_target(self.cfg.target, self.device, self.dtype)
         return self._target
 
-    def draft(self, draft: dict):
+    def draft(self, draft: DraftEntry):
         """A draft on the target's device and dtype, once its tokenizer matches the target's.
         The target drafting for itself is a second copy loaded as the target is (revision,
         dtype), so the check exercises what the target run uses."""
-        if draft.get("role") == "sanity":
+        if draft.role == "sanity":
             return load_target(self.cfg.target, self.device, self.dtype)
-        key, trust = draft.get("key", "checkpoint"), self.cfg.target.trust_remote_code
-        tok = load_tokenizer(draft["ref"], trust_remote_code=trust, key=key)
+        key, trust = draft.config_key, self.cfg.target.trust_remote_code
+        tok = load_tokenizer(draft.ref, trust_remote_code=trust, key=key)
         model = load_model(
-            draft["ref"], device=self.device, dtype=self.dtype, trust_remote_code=trust, key=key
+            draft.ref, device=self.device, dtype=self.dtype, trust_remote_code=trust, key=key
         )
         for note in check_tokenizers_compatible(
             self.tokenizer(),
             tok,
             self.cfg.target.model,
-            draft["name"],
+            draft.name,
             draft_vocab_rows=model.get_input_embeddings().num_embeddings,
         ):
-            print(f"[evaluate] {draft['name']}: note: {note}")
+            print(f"[evaluate] {draft.name}: note: {note}")
         return model
 
 
@@ -242,11 +243,11 @@ class NativeEvaluator:
         )
         return {**data, "by": "measured"}
 
-    def draft_model(self, draft: dict):
+    def draft_model(self, draft: DraftEntry):
         """The module `draft`'s kind runs (an HF model, or a head on the target)."""
-        if draft["name"] not in self._draft_cache:  # keep one draft loaded
-            self._draft_cache = {draft["name"]: kind_of(draft).load(draft, self.models)}
-        return self._draft_cache[draft["name"]]
+        if draft.name not in self._draft_cache:  # keep one draft loaded
+            self._draft_cache = {draft.name: kind_of(draft).load(draft, self.models)}
+        return self._draft_cache[draft.name]
 
     # -- the target alone -------------------------------------------------------------------
 
@@ -262,24 +263,26 @@ class NativeEvaluator:
 
     # -- the teacher-forced replay (greedy) -------------------------------------------------
 
-    def teacher_forced(self, draft: dict, name: str, prompts: list[dict], base: list[dict], k):
+    def teacher_forced(
+        self, draft: DraftEntry, name: str, prompts: list[dict], base: list[dict], k
+    ):
         """Per prompt the kind's teacher-forced record (with "margin") over the target's greedy
         output (`base`): one pass for every k, or one per k for a kind whose pass depends on it."""
         kind = kind_of(draft)
         replay = kind.replay()
         at = k if replay.per_k else None
-        key = (draft["name"], name, at)
+        key = (draft.name, name, at)
         if key in self._passes:
             return self._passes[key]
         settings = {
             **self.settings(prompts),
-            "draft": fingerprint(draft["ref"]),
+            "draft": fingerprint(draft.ref),
             "replay": kind.name,
         }
         suffix = ""
         if at is not None:
             settings["k"], suffix = at, f"-k{at}"
-        path = self.dir / f"{safe_name(draft['name'])}-{safe_name(name)}-tf{suffix}.json"
+        path = self.dir / f"{safe_name(draft.name)}-{safe_name(name)}-tf{suffix}.json"
 
         def make():
             model, vocab = self.draft_model(draft), token_id_count(self.models.tokenizer())
@@ -293,11 +296,11 @@ class NativeEvaluator:
             return {"results": out}
 
         results = self._cached(path, settings, make)["results"]
-        kill_hook(f"evaluate:{draft['name']}:{name}:tf")
+        kill_hook(f"evaluate:{draft.name}:{name}:tf")
         self._passes[key] = results
         return results
 
-    def replayed(self, draft: dict, name: str, prompts: list[dict], base: list[dict], k: int):
+    def replayed(self, draft: DraftEntry, name: str, prompts: list[dict], base: list[dict], k: int):
         """Per-prompt results with the engine's count fields at k, from the replay."""
         budget, replay = self.cfg.evaluate.max_new_tokens, kind_of(draft).replay()
         return [
@@ -314,7 +317,7 @@ class NativeEvaluator:
 
     def engine(
         self,
-        draft: dict,
+        draft: DraftEntry,
         name: str,
         prompts: list[dict],
         base: list[dict],
@@ -323,28 +326,28 @@ class NativeEvaluator:
     ):
         """{"lossless_match_rate", "results"} of `draft` at k on these prompts (cached);
         `stop_below`: dynamic lookahead (engine.DraftContext.stop_below)."""
-        settings = {**self.settings(prompts), "draft": fingerprint(draft["ref"]), "k": k}
+        settings = {**self.settings(prompts), "draft": fingerprint(draft.ref), "k": k}
         t = self.cfg.evaluate.temperature
         stop = ""
         if stop_below is not None:
             settings["stop_below"], stop = stop_below, f"-stop{stop_below:g}"
-        path = self.dir / f"{safe_name(draft['name'])}-{safe_name(name)}-k{k}{stop}-t{t:g}.json"
+        path = self.dir / f"{safe_name(draft.name)}-{safe_name(name)}-k{k}{stop}-t{t:g}.json"
 
         def make():
             proposer = kind_of(draft).proposer(self.draft_model(draft))
             decoder = self._decoder(proposer, k, stop_below)
-            results = decode_prompts(decoder, prompts, self.cfg, f"{draft['name']} {name} k={k}")
+            results = decode_prompts(decoder, prompts, self.cfg, f"{draft.name} {name} k={k}")
             return {"results": results}
 
         # decoded outputs are cached before they are checked: a failed check loses no
         # decoding, and a rerun (e.g. with on_mismatch=warn) checks the same outputs again
         data = self._cached(path, settings, make)
-        kill_hook(f"evaluate:{draft['name']}:{name}:k{k}")
+        kill_hook(f"evaluate:{draft.name}:{name}:k{k}")
         rate, ties = None, None  # sampled: no token-for-token check
         if self.sampling.greedy:
             prompt_ids = {p["id"]: p["prompt_ids"] for p in prompts}
             rate, ties = check_lossless(
-                draft["name"],
+                draft.name,
                 data["results"],
                 base,
                 self.cfg.evaluate.on_mismatch,
@@ -364,7 +367,7 @@ class NativeEvaluator:
 
     def engine_row(
         self,
-        draft: dict,
+        draft: DraftEntry,
         name: str,
         prompts: list[dict],
         base: list[dict],
@@ -382,10 +385,11 @@ class NativeEvaluator:
             draft, data["results"], sub_base, self.cfg, k, name, "engine", data, prompts=sub
         )
         if stop_below is not None:
-            return {**row, "stop_threshold": stop_below}
+            row.stop_threshold = stop_below
+            return row
         replayed = self.replayed(draft, name, prompts, base, k)
-        row["replay_match_rate"] = teacher_forced.check_replay(
-            f"{draft['name']} on {name} at k={k}",
+        row.replay_match_rate = teacher_forced.check_replay(
+            f"{draft.name} on {name} at k={k}",
             data["results"],
             [replayed[i] for i in idx],
             sub_base,
@@ -395,16 +399,18 @@ class NativeEvaluator:
 
     # -- costs and the k sweep ----------------------------------------------------------------
 
-    def costs(self, draft: dict, prompts: list[dict], base: list[dict], ks: list[int]) -> dict:
+    def costs(
+        self, draft: DraftEntry, prompts: list[dict], base: list[dict], ks: list[int]
+    ) -> dict:
         """c and v_k of `draft`, timed on the set's median-length prompt + the target's output."""
         ev = self.cfg.evaluate
         settings = {
             **self.settings(prompts),
-            "draft": fingerprint(draft["ref"]),
+            "draft": fingerprint(draft.ref),
             "ks": sorted(set(ks)),
             "repeats": ev.cost_repeats,
         }
-        path = self.dir / f"costs-{safe_name(draft['name'])}-{settings_key(settings)}.json"
+        path = self.dir / f"costs-{safe_name(draft.name)}-{settings_key(settings)}.json"
 
         def make():
             order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]["prompt_ids"]))
@@ -421,7 +427,7 @@ class NativeEvaluator:
 
         return self._cached(path, settings, make)
 
-    def sweep(self, draft: dict, name: str, prompts: list[dict], base: list[dict]):
+    def sweep(self, draft: DraftEntry, name: str, prompts: list[dict], base: list[dict]):
         """The k sweep of `draft` on one set: acceptance per k on every prompt (replayed when
         greedy), the engine's wall clock, and the modelled speedup from the timed costs."""
         ev = self.cfg.evaluate
@@ -447,6 +453,6 @@ class NativeEvaluator:
             else:
                 data = self.engine(draft, name, prompts, base, k, t)
                 row = build_row(draft, data["results"], base, self.cfg, k, name, "engine", data)
-                row["stop_threshold"] = t
+                row.stop_threshold = t
             out.append(dynamic_sweep_entry(row, costs))
         return out, costs

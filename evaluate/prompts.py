@@ -9,6 +9,7 @@ from draftsmith.config import Config
 from draftsmith.data import HELDOUT, load_eval_prompts
 from draftsmith.distill import list_checkpoints
 from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.evaluate.records import DraftEntry
 from draftsmith.kinds import FALLBACK_KIND, get_kind, kind_of
 
 STANDARD_SET = "mtbench"  # the primary eval set by default, when a run has it
@@ -80,7 +81,7 @@ def list_drafts(
     ce_baseline: bool = False,
     kinds: list[str] | tuple[str, ...] = ("independent",),
     target: str | None = None,
-) -> list[dict]:
+) -> list[DraftEntry]:
     """Each kind's checkpoint-<step> (by step) and its CE twin's last checkpoint, then
     evaluate.baselines.
 
@@ -97,14 +98,14 @@ def list_drafts(
         ckpt_dir = kind.checkpoints_dir(output_dir)
         dirs.append(str(ckpt_dir))
         drafts += [
-            {
-                "name": kind.draft_name(p.name),
-                "ref": str(p),
-                "step": step,
-                "role": "distilled" if step else "init",
-                "trained_steps": step,
-                "kind": kind.name,
-            }
+            DraftEntry(
+                name=kind.draft_name(p.name),
+                ref=str(p),
+                step=step,
+                role="distilled" if step else "init",
+                trained_steps=step,
+                kind=kind.name,
+            )
             for step, p in list_checkpoints(ckpt_dir)
         ]
         if ce_baseline:
@@ -114,31 +115,30 @@ def list_drafts(
                 step, path = twin[-1]
                 # step None keeps it off the per-step plots; trained_steps says how far it went
                 drafts.append(
-                    {
-                        "name": kind.draft_name(f"ce-{path.name}"),
-                        "ref": str(path),
-                        "step": None,
-                        "role": "ce_twin",
-                        "trained_steps": step,
-                        "kind": kind.name,
-                    }
+                    DraftEntry(
+                        name=kind.draft_name(f"ce-{path.name}"),
+                        ref=str(path),
+                        step=None,
+                        role="ce_twin",
+                        trained_steps=step,
+                        kind=kind.name,
+                    )
                 )
     for i, ref in enumerate(baselines):
         sanity = ref == SELF_DRAFT and target is not None
         ref = target if sanity else ref
         path = Path(ref).expanduser()
         name = SELF_DRAFT_NAME if sanity else path.name if path.exists() else ref
-        key = f"evaluate.baselines[{i}]"
         drafts.append(
-            {
-                "name": name,
-                "ref": ref,
-                "step": None,
-                "role": "sanity" if sanity else "baseline",
-                "trained_steps": None,
-                "key": key,
-                "kind": FALLBACK_KIND,  # a baseline is a plain causal LM
-            }
+            DraftEntry(
+                name=name,
+                ref=ref,
+                step=None,
+                role="sanity" if sanity else "baseline",
+                trained_steps=None,
+                key=f"evaluate.baselines[{i}]",
+                kind=FALLBACK_KIND,  # a baseline is a plain causal LM
+            )
         )
     if not drafts:
         raise DraftsmithError(
@@ -148,14 +148,14 @@ def list_drafts(
     return drafts
 
 
-def draft_label(draft: dict) -> str:
+def draft_label(draft: DraftEntry) -> str:
     """How errors name a draft: a baseline by its config key, a checkpoint by its name."""
-    if draft.get("role") == "baseline":
-        return f"{draft['key']} ({draft['ref']})"
-    return draft["name"]
+    if draft.role == "baseline":
+        return f"{draft.key} ({draft.ref})"
+    return draft.name
 
 
-def check_drafts(cfg: Config, drafts: list[dict]) -> None:
+def check_drafts(cfg: Config, drafts: list[DraftEntry]) -> None:
     """Before any decoding: every draft's files are whole and its tokenizer is the target's.
 
     A checkpoint needs its training record (draftsmith_checkpoint.json) and complete weight
@@ -173,11 +173,11 @@ def check_drafts(cfg: Config, drafts: list[dict]) -> None:
     for d in drafts:
         label = draft_label(d)
         path = Path(draft_path(d))
-        if d.get("role") in TRAINED_ROLES:
+        if d.role in TRAINED_ROLES:
             read_meta(path)
         if path.is_dir():
             check_weight_files(path)
         if not kind_of(d).own_tokenizer:  # a head reads the target's own tokens
             continue
-        tok = load_tokenizer(d["ref"], trust_remote_code=trust, key=d.get("key", "checkpoint"))
+        tok = load_tokenizer(d.ref, trust_remote_code=trust, key=d.config_key)
         check_tokenizers_compatible(target_tok, tok, cfg.target.model, label)

@@ -22,6 +22,7 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import metrics
+from draftsmith.evaluate.records import DraftEntry, LeaderboardRow
 from draftsmith.evaluate.report import METRIC_KEYS
 from draftsmith.models import resolve_model
 
@@ -90,10 +91,10 @@ def check_lossless(
     return rate, ties
 
 
-def rankable(rows: list[dict]) -> list[dict]:
+def rankable(rows: list[LeaderboardRow]) -> list[LeaderboardRow]:
     """Rows that may rank and be exported: all but the target drafting for itself (a sanity
     check, evaluate.baselines: [target], which would always win)."""
-    out = [r for r in rows if r.get("role") != "sanity"]
+    out = [r for r in rows if r.role != "sanity"]
     if rows and not out:
         raise DraftsmithError(
             "evaluate.baselines: only the target drafting for itself is there to evaluate; "
@@ -102,14 +103,19 @@ def rankable(rows: list[dict]) -> list[dict]:
     return out
 
 
-def pick_best(rows: list[dict], metric: str) -> dict:
+def pick_best(rows: list[LeaderboardRow], metric: str) -> LeaderboardRow:
     """The row with the highest `metric` (missing values rank last; ties keep the earlier row)."""
-    return max(rows, key=lambda r: -float("inf") if r.get(metric) is None else r[metric])
+
+    def value(r: LeaderboardRow) -> float:
+        v = getattr(r, metric)
+        return -float("inf") if v is None else v
+
+    return max(rows, key=value)
 
 
-def sweep_entry(row: dict) -> dict:
+def sweep_entry(row: LeaderboardRow) -> dict:
     """One k-sweep point: k and the row's metrics (the leaderboard table's columns)."""
-    return {"k": row["num_speculative_tokens"], **{key: row.get(key) for key in METRIC_KEYS}}
+    return {"k": row.num_speculative_tokens, **{key: getattr(row, key) for key in METRIC_KEYS}}
 
 
 def modelled_quartiles(a: float | None, k: int, costs: dict) -> tuple[list, list] | None:
@@ -123,22 +129,24 @@ def modelled_quartiles(a: float | None, k: int, costs: dict) -> tuple[list, list
     return metrics.quartiles(plain), metrics.quartiles(verify)
 
 
-def costed_sweep_entry(acceptance: dict, engine: dict | None, costs: dict | None) -> dict:
+def costed_sweep_entry(
+    acceptance: LeaderboardRow, engine: LeaderboardRow | None, costs: dict | None
+) -> dict:
     """One native k-sweep point, each figure from where it is best measured: acceptance from
     `acceptance` (a row over every prompt of the set: the teacher-forced replay when greedy),
     wall clock from `engine` (a row over the engine's prompts, with the interquartile range
     of its per-prompt speedups) and c, v and the modelled speedups from the timed `costs`
     (medians, with their interquartile ranges)."""
-    k = acceptance["num_speculative_tokens"]
+    k = acceptance.num_speculative_tokens
     entry = {
         **sweep_entry(acceptance),
-        "num_prompts": acceptance["num_prompts"],
-        "acceptance_measured_by": acceptance["measured_by"],
+        "num_prompts": acceptance.num_prompts,
+        "acceptance_measured_by": acceptance.measured_by,
     }
     for key in ("speedup", "speedup_iqr", "tokens_per_s", "lossless_match_rate"):
-        entry[key] = engine.get(key) if engine else None
-    entry["engine_prompts"] = engine["num_prompts"] if engine else 0
-    model = modelled_quartiles(acceptance.get("alpha"), k, costs) if costs else None
+        entry[key] = getattr(engine, key) if engine else None
+    entry["engine_prompts"] = engine.num_prompts if engine else 0
+    model = modelled_quartiles(acceptance.alpha, k, costs) if costs else None
     if model is not None:
         plain, verify = model
         c, v = costs["draft_cost_ratio"], costs["verify_cost_ratio"][str(k)]
@@ -154,7 +162,7 @@ def costed_sweep_entry(acceptance: dict, engine: dict | None, costs: dict | None
     return entry
 
 
-def dynamic_sweep_entry(row: dict, costs: dict | None) -> dict:
+def dynamic_sweep_entry(row: LeaderboardRow, costs: dict | None) -> dict:
     """One sweep point of dynamic lookahead (a round drafts until the draft's confidence
     falls under `stop_threshold`, at most k): everything from the engine's row, the modelled
     speedup from its measured rounds and the timed costs.
@@ -166,18 +174,18 @@ def dynamic_sweep_entry(row: dict, costs: dict | None) -> dict:
     """
     entry = {
         **sweep_entry(row),
-        "stop_threshold": row["stop_threshold"],
-        "num_prompts": row["num_prompts"],
-        "acceptance_measured_by": row["measured_by"],
-        "speedup_iqr": row.get("speedup_iqr"),
-        "engine_prompts": row["num_prompts"],
+        "stop_threshold": row.stop_threshold,
+        "num_prompts": row.num_prompts,
+        "acceptance_measured_by": row.measured_by,
+        "speedup_iqr": row.speedup_iqr,
+        "engine_prompts": row.num_prompts,
         "modelled_speedup": None,
         "modelled_speedup_verify": None,
     }
-    forwards, tpf = row.get("target_forwards"), row.get("mean_accepted_length")
+    forwards, tpf = row.target_forwards, row.mean_accepted_length
     if not costs or not forwards or tpf is None:
         return entry
-    d = row["tokens_proposed"] / forwards
+    d = row.tokens_proposed / forwards
     swept = sorted(int(k) for k in costs["v"])
     k_v = next((k for k in swept if k >= d), swept[-1])
     cs, vs = costs["c"], costs["v"][str(k_v)]
@@ -259,6 +267,6 @@ def recommend_k(sweep: list[dict]) -> dict:
     }
 
 
-def draft_path(draft: dict) -> str:
+def draft_path(draft: DraftEntry) -> str:
     """The directory a draft's weights are in (a registry name is pulled first)."""
-    return str(Path(draft["ref"])) if Path(draft["ref"]).exists() else resolve_model(draft["ref"])
+    return str(Path(draft.ref)) if Path(draft.ref).exists() else resolve_model(draft.ref)

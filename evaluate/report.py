@@ -1,4 +1,5 @@
-"""Leaderboard files, the printed table, PNG plots and the W&B log of an evaluation.
+"""Leaderboard files, the printed table and the W&B log of an evaluation (the PNG plots:
+evaluate/plots.py).
 
 A leaderboard holds rows for every eval set; within a set, a draft has one row over every
 prompt (`measured_by` "teacher_forced" when greedy, "engine" when sampled) and, for the
@@ -12,11 +13,17 @@ import csv
 import dataclasses
 import io
 import json
-import os
 from pathlib import Path
 
 from draftsmith.config import Config
-from draftsmith.io import atomic_write_json, atomic_write_text, named_write_errors
+from draftsmith.evaluate.plots import (
+    plot_eval_sets,
+    plot_k_sweep,
+    plot_per_position,
+    plot_training_curves,
+)
+from draftsmith.evaluate.records import LeaderboardRow
+from draftsmith.io import atomic_write_json, atomic_write_text
 
 # The figures that describe one draft at one k, with their table titles and formats: the
 # one list behind the printed table, the CSV and every k-sweep entry.
@@ -90,24 +97,25 @@ def _cell(value, fmt: str) -> str:
         return str(value)
 
 
-def leaderboard_csv(rows: list[dict]) -> str:
+def leaderboard_csv(rows: list[LeaderboardRow]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(CSV_FIELDS)
     for row in rows:
-        writer.writerow(["" if row.get(f) is None else _cell(row[f], "{}") for f in CSV_FIELDS])
+        values = [getattr(row, f) for f in CSV_FIELDS]
+        writer.writerow(["" if v is None else _cell(v, "{}") for v in values])
     return buf.getvalue()
 
 
-def ranking_rows(rows: list[dict], eval_set: str | None = None) -> list[dict]:
+def ranking_rows(rows: list[LeaderboardRow], eval_set: str | None = None) -> list[LeaderboardRow]:
     """Per (set, draft) the row over every prompt: teacher-forced where there is one, else
-    the engine's (sampled, vLLM, or a leaderboard from before `measured_by`)."""
-    chosen: dict[tuple, dict] = {}
+    the engine's (sampled, or vLLM)."""
+    chosen: dict[tuple, LeaderboardRow] = {}
     for r in rows:
-        if eval_set is not None and r.get("eval_set") != eval_set:
+        if eval_set is not None and r.eval_set != eval_set:
             continue
-        key = (r.get("eval_set"), r["checkpoint"])
-        if key not in chosen or r.get("measured_by") == "teacher_forced":
+        key = (r.eval_set, r.checkpoint)
+        if key not in chosen or r.measured_by == "teacher_forced":
             chosen[key] = r
     return list(chosen.values())
 
@@ -119,31 +127,32 @@ def _grid(header: list[str], body: list[list[str]]) -> list[str]:
     return lines
 
 
-def _row_table(rows: list[dict], best: str | None) -> list[str]:
+def _row_table(rows: list[LeaderboardRow], best: str | None) -> list[str]:
     body = []
     for row in rows:
-        cells = [_cell(row.get(key), fmt) for key, _, fmt in TABLE_COLUMNS]
-        cells[BY_COLUMN] = BY_SHORT.get(row.get("measured_by"), cells[BY_COLUMN])
-        if row["checkpoint"] == best:
+        cells = [_cell(getattr(row, key), fmt) for key, _, fmt in TABLE_COLUMNS]
+        cells[BY_COLUMN] = BY_SHORT.get(row.measured_by, cells[BY_COLUMN])
+        if row.checkpoint == best:
             cells[0] = "*" + cells[0]
         body.append(cells)
     return _grid([title for _, title, _ in TABLE_COLUMNS], body)
 
 
-def category_table(rows: list[dict]) -> list[str]:
+def category_table(rows: list[LeaderboardRow]) -> list[str]:
     """Alpha and tokens per target forward per category (columns) of each draft (lines):
     its ranking row."""
     ranked = ranking_rows(rows)
-    cats = sorted({c for r in ranked for c in r.get("per_category", {})})
+    cats = sorted({c for r in ranked for c in r.per_category})
     if len(cats) < 2:
         return []
 
-    def cell(row: dict, cat: str) -> str:
-        m = row["per_category"].get(cat, {})
-        alpha, tpf = m.get("alpha"), m.get("mean_accepted_length")
-        return "-" if alpha is None else f"{alpha:.3f} ({_cell(tpf, '{:.2f}')})"
+    def cell(row: LeaderboardRow, cat: str) -> str:
+        m = row.per_category.get(cat)
+        if m is None or m.alpha is None:
+            return "-"
+        return f"{m.alpha:.3f} ({_cell(m.mean_accepted_length, '{:.2f}')})"
 
-    body = [[r["checkpoint"]] + [cell(r, c) for c in cats] for r in ranked]
+    body = [[r.checkpoint] + [cell(r, c) for c in cats] for r in ranked]
     title = "alpha (tokens per target forward) per category:"
     return [title, *_grid(["checkpoint", *cats], body)]
 
@@ -219,10 +228,9 @@ def format_table(board: dict) -> str:
     sweep, the recommended k and the paired comparisons."""
     lines = []
     primary = board.get("primary_eval_set")
-    for name in dict.fromkeys(r.get("eval_set") for r in board["rows"]):
-        rows = [r for r in board["rows"] if r.get("eval_set") == name]
-        if name is not None:
-            lines.append(_set_heading(board, name))
+    for name in dict.fromkeys(r.eval_set for r in board["rows"]):
+        rows = [r for r in board["rows"] if r.eval_set == name]
+        lines.append(_set_heading(board, name))
         lines += _row_table(rows, board["best"] if name == primary else None)
         lines += category_table(rows)
     where = f" on {primary}" if primary else ""
@@ -265,135 +273,6 @@ def _diff_ci(d: dict) -> str:
     return f"{d['alpha_diff']:+.3f}{star} ({lo:+.3f}..{hi:+.3f})"
 
 
-# ----------------------------------------------------------------------------- plots
-
-
-def _save(fig, path: Path) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}.png")  # pid: clean_stale_temps
-    try:
-        with named_write_errors(path):
-            fig.savefig(tmp, dpi=110, bbox_inches="tight")
-            tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def plot_training_curves(rows: list[dict], path: Path) -> Path | None:
-    """Acceptance rate and mean accepted length against training step, overall and per category."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = sorted((r for r in rows if r.get("step") is not None), key=lambda r: r["step"])
-    if not steps:
-        return None
-    cats = sorted({c for r in steps for c in r.get("per_category", {})})
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key, title in (
-        (axes[0], "acceptance_rate", "acceptance rate"),
-        (axes[1], "mean_accepted_length", "mean accepted length (tokens / target forward)"),
-    ):
-        xs = [r["step"] for r in steps]
-        ax.plot(xs, [r.get(key) for r in steps], "k-o", lw=2, label="all")
-        for cat in cats:
-            ys = [r.get("per_category", {}).get(cat, {}).get(key) for r in steps]
-            ax.plot(xs, ys, "--.", label=cat)
-        ax.set_xlabel("training step")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    _save(fig, path)
-    plt.close(fig)
-    return path
-
-
-def plot_per_position(row: dict, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    values = [v if v is not None else 0.0 for v in row.get("per_position_acceptance", [])]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.bar(range(1, len(values) + 1), values, color="tab:blue")
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("P(accept | reached)")
-    ax.set_ylim(0, 1)
-    ax.set_title(f"per-position acceptance: {row['checkpoint']}")
-    _save(fig, path)
-    plt.close(fig)
-    return path
-
-
-def plot_eval_sets(rows: list[dict], path: Path) -> Path | None:
-    """Acceptance rate against training step, a line per eval set (ranking rows)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = sorted(
-        (r for r in ranking_rows(rows) if r.get("step") is not None), key=lambda r: r["step"]
-    )
-    sets = list(dict.fromkeys(r.get("eval_set") for r in steps))
-    if not steps or len(sets) < 2:
-        return None
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for name in sets:
-        mine = [r for r in steps if r.get("eval_set") == name]
-        ax.plot(
-            [r["step"] for r in mine], [r.get("acceptance_rate") for r in mine], "o-", label=name
-        )
-    ax.set_xlabel("training step")
-    ax.set_ylabel("acceptance rate")
-    ax.set_title("acceptance per eval set")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    _save(fig, path)
-    plt.close(fig)
-    return path
-
-
-def _errors(values: list, spreads: list) -> list[list[float]] | None:
-    """matplotlib yerr (below, above) from [q25, q75] spreads; None when none has one. A
-    pooled speedup can lie outside its per-prompt range: that side gets no bar."""
-    if not any(spreads):
-        return None
-    lo = [max(0.0, v - q[0]) if v is not None and q else 0.0 for v, q in zip(values, spreads)]
-    hi = [max(0.0, q[1] - v) if v is not None and q else 0.0 for v, q in zip(values, spreads)]
-    return [lo, hi]
-
-
-def plot_k_sweep(sweep: list[dict], path: Path) -> Path | None:
-    """Measured and modelled speedup against k, each with its interquartile range."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if not sweep:
-        return None
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ks = [s["k"] for s in sweep]
-    for key, spread, style, label in (
-        ("speedup", "speedup_iqr", "o-", "measured (wall clock)"),
-        ("modelled_speedup_verify", "modelled_speedup_iqr", "s--", "modelled (timed c, v)"),
-    ):
-        ys = [s.get(key) for s in sweep]
-        if any(y is not None for y in ys):
-            yerr = _errors(ys, [s.get(spread) for s in sweep])
-            ys = [float("nan") if y is None else y for y in ys]
-            ax.errorbar(ks, ys, yerr=yerr, fmt=style, capsize=3, label=label)
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xlabel("k (speculative tokens)")
-    ax.set_ylabel("speedup over target-only")
-    ax.legend()
-    _save(fig, path)
-    plt.close(fig)
-    return path
-
-
 # ----------------------------------------------------------------------------- W&B
 
 
@@ -410,24 +289,20 @@ def log_wandb(cfg: Config, board: dict, images: list[Path]) -> None:
         primary = board.get("primary_eval_set")
         by_step: dict[int, dict] = {}
         for row in ranking_rows(board["rows"]):
-            if row.get("step") is None:
+            if row.step is None:
                 continue
-            logged = by_step.setdefault(row["step"], {"eval/step": row["step"]})
+            logged = by_step.setdefault(row.step, {"eval/step": row.step})
             for k in ("acceptance_rate", "alpha", "mean_accepted_length"):
-                if row.get(k) is not None:
-                    logged[f"eval/{row.get('eval_set')}/{k}"] = row[k]
-                    if row.get("eval_set") == primary:
-                        logged[f"eval/{k}"] = row[k]
+                if getattr(row, k) is not None:
+                    logged[f"eval/{row.eval_set}/{k}"] = getattr(row, k)
+                    if row.eval_set == primary:
+                        logged[f"eval/{k}"] = getattr(row, k)
         for step in sorted(by_step):
             run.log(by_step[step])
         table = wandb.Table(columns=list(CSV_FIELDS))
         for row in board["rows"]:
-            table.add_data(
-                *[
-                    json.dumps(row.get(f)) if isinstance(row.get(f), list) else row.get(f)
-                    for f in CSV_FIELDS
-                ]
-            )
+            values = [getattr(row, f) for f in CSV_FIELDS]
+            table.add_data(*[json.dumps(v) if isinstance(v, list) else v for v in values])
         cols = ["k", "acceptance_rate", "modelled_speedup_verify", "speedup"]
         sweep = wandb.Table(columns=cols)
         for s in board["k_sweep"]:
@@ -448,10 +323,10 @@ def log_wandb(cfg: Config, board: dict, images: list[Path]) -> None:
         )
 
 
-def best_row(board: dict) -> dict:
+def best_row(board: dict) -> LeaderboardRow:
     """The best draft's ranking row on the primary set."""
     rows = ranking_rows(board["rows"], board.get("primary_eval_set"))
-    return next(r for r in rows if r["checkpoint"] == board["best"])
+    return next(r for r in rows if r.checkpoint == board["best"])
 
 
 def portable_board(cfg: Config, board: dict) -> dict:
@@ -463,10 +338,10 @@ def portable_board(cfg: Config, board: dict) -> dict:
 
     rows = []
     for row in board["rows"]:
-        row = {**row, "path": run_relative(row["path"], cfg.output_dir)}
-        if row.get("role") in TRAINED_ROLES:
-            meta = read_meta(from_run(row["path"], cfg.output_dir))
-            row["trained_with"] = {"init": meta.get("init"), **meta.get("settings", {})}
+        row = dataclasses.replace(row, path=run_relative(row.path, cfg.output_dir))
+        if row.role in TRAINED_ROLES:
+            meta = read_meta(from_run(row.path, cfg.output_dir))
+            row.trained_with = {"init": meta.get("init"), **meta.get("settings", {})}
         rows.append(row)
     best_path = run_relative(board["best_path"], cfg.output_dir)
     return {
@@ -477,15 +352,20 @@ def portable_board(cfg: Config, board: dict) -> dict:
     }
 
 
+def board_json(board: dict) -> dict:
+    """The board as leaderboard.json holds it: each row as the dict it writes."""
+    return {**board, "rows": [r.to_dict() for r in board["rows"]]}
+
+
 def write_reports(cfg: Config, board: dict, eval_dir: Path) -> None:
     eval_dir = Path(eval_dir)
     board = portable_board(cfg, board)
-    atomic_write_json(eval_dir / "leaderboard.json", board)
+    atomic_write_json(eval_dir / "leaderboard.json", board_json(board))
     atomic_write_text(eval_dir / "leaderboard.csv", leaderboard_csv(board["rows"]))
     primary = ranking_rows(board["rows"], board.get("primary_eval_set"))
     images = [
         plot_training_curves(primary, eval_dir / "acceptance_vs_step.png"),
-        plot_eval_sets(board["rows"], eval_dir / "acceptance_by_set.png"),
+        plot_eval_sets(ranking_rows(board["rows"]), eval_dir / "acceptance_by_set.png"),
         plot_per_position(best_row(board), eval_dir / "per_position_best.png"),
         plot_k_sweep(board["k_sweep"], eval_dir / "k_sweep.png"),
     ]

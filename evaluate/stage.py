@@ -150,8 +150,8 @@ def run_evaluate(cfg: Config) -> None:
             }
             for s, ps in sets.items()
         },
-        "best": out["best"]["checkpoint"],
-        "best_path": out["best"]["path"],
+        "best": out["best"].checkpoint,
+        "best_path": out["best"].path,
         "recommended_k": rec["k"],
         "k_recommendation": rec,
         "k_sweep": sweep,

@@ -35,6 +35,7 @@ from draftsmith.evaluate.ranking import (
     rankable,
     sweep_entry,
 )
+from draftsmith.evaluate.records import VLLM, DraftEntry, LeaderboardRow, MetricSummary
 from draftsmith.kinds import get_kind, kind_of
 from draftsmith.models import resolve_model
 from draftsmith.vllm_compat import engine_kwargs, import_vllm
@@ -153,7 +154,9 @@ def _generate_by_category(vllm, llm, prompts: list[dict], cfg: Config, k: int):
     return out
 
 
-def _row(draft: dict, path: str, runs: dict, base: dict, cfg: Config, k: int) -> dict:
+def _row(
+    draft: DraftEntry, path: str, runs: dict, base: dict, cfg: Config, k: int, eval_set: str
+) -> LeaderboardRow:
     total = {
         "num_drafts": 0,
         "num_draft_tokens": 0,
@@ -164,10 +167,9 @@ def _row(draft: dict, path: str, runs: dict, base: dict, cfg: Config, k: int) ->
     tokens = wall = base_tokens = base_wall = 0
     for cat, (counts, n_tok, secs, toks) in runs.items():
         _, b_tok, b_wall, b_out = base[cat]
-        per_cat[cat] = {
-            **summary_from_counts(counts, k, n_tok, secs, b_tok, b_wall),
-            "num_prompts": len(toks),
-        }
+        per_cat[cat] = MetricSummary(
+            **summary_from_counts(counts, k, n_tok, secs, b_tok, b_wall), num_prompts=len(toks)
+        )
         for key in SPEC_METRICS.values():
             total[key] += counts[key]
         total["accepted_per_pos"] = [
@@ -181,33 +183,32 @@ def _row(draft: dict, path: str, runs: dict, base: dict, cfg: Config, k: int) ->
         )
         spec_toks += toks
         ref_toks += b_out
-    row = {
-        "checkpoint": draft["name"],
-        "kind": kind_of(draft).name,
-        "path": path,
-        "step": draft["step"],
-        "role": draft.get("role"),
-        "trained_steps": draft["trained_steps"],
-        "num_prompts": len(spec_toks),
+    row = LeaderboardRow(
+        checkpoint=draft.name,
+        kind=kind_of(draft).name,
+        path=path,
+        step=draft.step,
+        role=draft.role,
+        trained_steps=draft.trained_steps,
+        eval_set=eval_set,
+        measured_by="engine",
+        num_prompts=len(spec_toks),
         **summary_from_counts(total, k, tokens, wall, base_tokens, base_wall),
-        "per_category": per_cat,
-        "num_speculative_tokens": k,
-        "temperature": cfg.evaluate.temperature,
-        "backend": "vllm",
-        "lossless_match_rate": None,
-    }
+        per_category=per_cat,
+        num_speculative_tokens=k,
+        temperature=cfg.evaluate.temperature,
+        backend=VLLM,
+    )
     if cfg.evaluate.temperature == 0.0:
         ids = [{"id": i, "tokens": t} for i, t in enumerate(spec_toks)]
         refs = [{"id": i, "tokens": t} for i, t in enumerate(ref_toks)]
         # no target logits at hand here: every divergence counts (on_mismatch=warn for
         # nondeterministic kernels)
-        row["lossless_match_rate"], _ = check_lossless(
-            draft["name"], ids, refs, cfg.evaluate.on_mismatch
-        )
+        row.lossless_match_rate, _ = check_lossless(draft.name, ids, refs, cfg.evaluate.on_mismatch)
     return row
 
 
-def vllm_rows(cfg: Config, sets: dict[str, list[dict]], drafts: list[dict], primary=None):
+def vllm_rows(cfg: Config, sets: dict[str, list[dict]], drafts: list[DraftEntry], primary=None):
     """Rows for every draft at evaluate.num_speculative_tokens on every eval set (one engine
     per draft and k), the best draft on the `primary` set (default: the first), its k sweep
     there."""
@@ -219,25 +220,18 @@ def vllm_rows(cfg: Config, sets: dict[str, list[dict]], drafts: list[dict], prim
     base = {s: _generate_by_category(vllm, llm, ps, cfg, 0) for s, ps in sets.items()}
     _release(llm)
 
-    def measure(d: dict, k: int, names: list[str]) -> dict[str, dict]:
+    def measure(d: DraftEntry, k: int, names: list[str]) -> dict[str, LeaderboardRow]:
         path = draft_path(d)
         engine = _make_llm(vllm, cfg, target, path, k, kind_of(d).name)
         runs = {s: _generate_by_category(vllm, engine, sets[s], cfg, k) for s in names}
         _release(engine)
-        return {
-            s: {
-                **_row(d, path, runs[s], base[s], cfg, k),
-                "eval_set": s,
-                "measured_by": "engine",
-            }
-            for s in names
-        }
+        return {s: _row(d, path, runs[s], base[s], cfg, k, s) for s in names}
 
     k = ev.num_speculative_tokens
     measured = [measure(d, k, list(sets)) for d in drafts]
     rows = [m[s] for s in sets for m in measured]
     best = pick_best(rankable([m[primary] for m in measured]), ev.select_metric)
-    best_draft = next(d for d in drafts if d["name"] == best["checkpoint"])
+    best_draft = next(d for d in drafts if d.name == best.checkpoint)
     sweep = [
         sweep_entry(best if kk == k else measure(best_draft, kk, [primary])[primary])
         for kk in ev.k_sweep

@@ -31,6 +31,7 @@ from draftsmith.distill import list_checkpoints
 from draftsmith.evaluate import metrics
 from draftsmith.evaluate.native import Models, NativeEvaluator
 from draftsmith.evaluate.prompts import eval_sets, load_prompts
+from draftsmith.evaluate.records import DraftEntry
 from draftsmith.kinds import KINDS, checkpoint_kind, teacher_forced_results
 from draftsmith.models import load_target_config
 
@@ -113,7 +114,7 @@ def main() -> None:
         print(f"== {name}: {len(refs)} prompts x {budget} target tokens, greedy, k={k}")
         first = None
         for path in ckpts:
-            draft = {"name": str(path), "ref": str(path), "kind": checkpoint_kind(path).name}
+            draft = DraftEntry(name=str(path), ref=str(path), kind=checkpoint_kind(path).name)
             rows = teacher_forced_results(draft, models, refs, k, budget, vocab)
             report(path, rows, prompts, k, first, cfg.run.seed)
             first = first or rows

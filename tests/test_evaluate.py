@@ -16,6 +16,7 @@ from draftsmith.config import config_from_dict
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.evaluate.prompts import select_prompts
 from draftsmith.evaluate.ranking import dynamic_sweep_entry, pick_best, recommend_k
+from draftsmith.evaluate.records import LeaderboardRow, rows_from_dicts
 from draftsmith.evaluate.stage import run_evaluate
 
 PROMPTS = [
@@ -316,14 +317,32 @@ def test_select_prompts_round_robin_and_deterministic():
     assert select_prompts(prompts, None) == prompts
 
 
+def _row(checkpoint: str, **fields) -> LeaderboardRow:
+    """A leaderboard row with the given figures (identity fields filled in)."""
+    identity = {
+        "checkpoint": checkpoint,
+        "path": f"checkpoints/{checkpoint}",
+        "step": None,
+        "role": "distilled",
+        "kind": "independent",
+        "trained_steps": None,
+        "eval_set": "heldout",
+        "measured_by": "engine",
+        "num_speculative_tokens": 4,
+        "temperature": 0.0,
+        "backend": "native",
+    }
+    return LeaderboardRow(**(identity | fields))
+
+
 def test_pick_best():
     rows = [
-        {"checkpoint": "a", "acceptance_rate": 0.2, "speedup": 1.5},
-        {"checkpoint": "b", "acceptance_rate": 0.4, "speedup": None},
-        {"checkpoint": "c", "acceptance_rate": 0.4, "speedup": 1.1},
+        _row("a", acceptance_rate=0.2, speedup=1.5),
+        _row("b", acceptance_rate=0.4, speedup=None),
+        _row("c", acceptance_rate=0.4, speedup=1.1),
     ]
-    assert pick_best(rows, "acceptance_rate")["checkpoint"] == "b"
-    assert pick_best(rows, "speedup")["checkpoint"] == "a"
+    assert pick_best(rows, "acceptance_rate").checkpoint == "b"
+    assert pick_best(rows, "speedup").checkpoint == "a"
 
 
 def _point(k, modelled, m_iqr, measured, s_iqr):
@@ -383,15 +402,16 @@ def test_a_dynamic_lookahead_point_ranks_beside_the_fixed_ks_without_replacing_k
 
 
 def test_dynamic_sweep_entry_costs_the_drafts_its_rounds_made():
-    row = {
-        "num_speculative_tokens": 6,
-        "stop_threshold": 0.5,
-        "num_prompts": 2,
-        "measured_by": "engine",
-        "target_forwards": 10,
-        "tokens_proposed": 25,  # 2.5 drafts a round
-        "mean_accepted_length": 2.0,
-    }
+    row = _row(
+        "c",
+        num_speculative_tokens=6,
+        stop_threshold=0.5,
+        num_prompts=2,
+        measured_by="engine",
+        target_forwards=10,
+        tokens_proposed=25,  # 2.5 drafts a round
+        mean_accepted_length=2.0,
+    )
     costs = {
         "c": [0.5, 0.5, 0.5],
         "v": {"1": [1.0] * 3, "2": [1.1] * 3, "4": [1.2] * 3, "6": [1.3] * 3},
@@ -631,8 +651,9 @@ def test_the_target_drafting_for_itself_accepts_everything_and_never_ranks(run_d
     out = capsys.readouterr().out
     assert "sanity: the target drafting for itself on heldout (engine): alpha 1.0000" in out
     assert out.count("): pass") == 2 and "FAIL" not in out
+    rows = rows_from_dicts(board["rows"], "leaderboard.json")
     with pytest.raises(DraftsmithError, match="is the target drafting for itself"):
-        choose_row(board, "target-as-draft")
+        choose_row({**board, "rows": rows}, "target-as-draft")
 
 
 def test_a_self_draft_that_rejects_tokens_fails_the_run(run_dir, monkeypatch, capsys):
@@ -643,7 +664,7 @@ def test_a_self_draft_that_rejects_tokens_fails_the_run(run_dir, monkeypatch, ca
     real = stage.Models.draft
 
     def wrong_weights(self, draft):
-        if draft.get("role") == "sanity":
+        if draft.role == "sanity":
             ck0 = str(run_dir / "checkpoints" / "checkpoint-0")
             return load_model(ck0, device=torch.device("cpu"), dtype=torch.float32)
         return real(self, draft)

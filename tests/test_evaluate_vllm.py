@@ -11,6 +11,7 @@ import pytest
 from draftsmith.config import config_from_dict
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import vllm_backend as vb
+from draftsmith.evaluate.records import DraftEntry
 
 
 @dataclass
@@ -145,12 +146,12 @@ def test_vllm_backend_perfect_draft(tmp_path):
     prompts = [{"id": "a", "category": "x", "prompt_ids": [1, 504, 3458, 314]}]
     drafts = list_drafts(tmp_path, [target, "target"], target=target)
     rows, best, sweep = vb.vllm_rows(cfg, {"heldout": prompts}, drafts)
-    assert rows[0]["acceptance_rate"] > 0.9 and sweep[0]["k"] == 2
-    assert (rows[0]["eval_set"], rows[0]["measured_by"]) == ("heldout", "engine")
+    assert rows[0].acceptance_rate > 0.9 and sweep[0]["k"] == 2
+    assert (rows[0].eval_set, rows[0].measured_by) == ("heldout", "engine")
     # evaluate.baselines: [target] in vLLM: every drafted token accepted, never the best
     from draftsmith.evaluate.board import check_self_draft
 
-    assert rows[1]["role"] == "sanity" and best["checkpoint"] != "target-as-draft"
+    assert rows[1].role == "sanity" and best.checkpoint != "target-as-draft"
     assert check_self_draft(rows, "error") == [
         {"eval_set": "heldout", "measured_by": "engine", "pass": True}
     ]
@@ -184,25 +185,25 @@ def test_vllm_rows_cover_every_eval_set_and_sweep_the_primary_one(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
     monkeypatch.setattr(vb, "import_vllm", lambda key: fake)
     monkeypatch.setattr(vb, "resolve_model", lambda ref, key=None: ref)
-    monkeypatch.setattr(vb, "draft_path", lambda d: d["ref"])
+    monkeypatch.setattr(vb, "draft_path", lambda d: d.ref)
     cfg = config_from_dict({"evaluate": {"backend": "vllm", "k_sweep": [1, 3]}})
     cfg.evaluate.num_speculative_tokens = 3
     p = {"category": "c", "prompt_ids": [1, 2]}
     sets = {"mtbench": [p, p, p], "heldout": [p]}
     drafts = [
-        {"name": n, "ref": f"/d/{n}", "step": s, "trained_steps": s}
+        DraftEntry(name=n, ref=f"/d/{n}", step=s, trained_steps=s, kind="independent")
         for n, s in (("a", 1), ("b", 2))
     ]
     rows, best, sweep = vb.vllm_rows(cfg, sets, drafts, "mtbench")
-    assert [(r["eval_set"], r["checkpoint"]) for r in rows] == [
+    assert [(r.eval_set, r.checkpoint) for r in rows] == [
         ("mtbench", "a"),
         ("mtbench", "b"),
         ("heldout", "a"),
         ("heldout", "b"),
     ]
-    assert {r["measured_by"] for r in rows} == {"engine"}
-    assert [r["num_prompts"] for r in rows] == [3, 3, 1, 1]
-    assert rows[0]["acceptance_rate"] == 1 / 3 and rows[0]["mean_accepted_length"] == 2.0
+    assert {r.measured_by for r in rows} == {"engine"}
+    assert [r.num_prompts for r in rows] == [3, 3, 1, 1]
+    assert rows[0].acceptance_rate == 1 / 3 and rows[0].mean_accepted_length == 2.0
     # the target once, each draft at k=3 once (all sets), the best draft at k=1 for the sweep
     assert engines == [(None, 0), ("/d/a", 3), ("/d/b", 3), ("/d/a", 1)]
     assert [s["k"] for s in sweep] == [1, 3] and sweep[1]["acceptance_rate"] == 1 / 3

@@ -8,6 +8,7 @@ import pytest
 
 from draftsmith.config import load_config
 from draftsmith.distill.checkpoint import training_settings
+from draftsmith.evaluate.records import LeaderboardRow, MetricSummary
 from draftsmith.export import _training
 from draftsmith.kinds.independent.export import assistant_generation_config
 from draftsmith.kinds.independent.train import IndependentTraining
@@ -27,8 +28,27 @@ def _record(loss: str) -> dict:
     }
 
 
+def _row(name, **fields) -> LeaderboardRow:
+    """A leaderboard row of draft `name` with the given fields (the rest filled in)."""
+    step = int(name.split("-")[1]) if name.startswith("checkpoint-") else None
+    defaults = {
+        "checkpoint": name,
+        "path": f"checkpoints/{name}",
+        "step": step,
+        "role": "distilled",
+        "kind": "independent",
+        "trained_steps": step,
+        "eval_set": "mtbench",
+        "measured_by": "teacher_forced",
+        "num_speculative_tokens": 4,
+        "temperature": 0.0,
+        "backend": "native",
+    }
+    return LeaderboardRow(**(defaults | fields))
+
+
 @pytest.mark.parametrize(
-    "row,loss,want,not_want",
+    "fields,loss,want,not_want",
     [
         ({"role": "distilled", "step": 180}, "forward_kl", "forward_kl (teacher: offline", "ce ("),
         (
@@ -41,10 +61,12 @@ def _record(loss: str) -> dict:
         ({"role": "baseline", "step": None}, "forward_kl", "external draft", "forward_kl ("),
     ],
 )
-def test_training_line_follows_the_row(row, loss, want, not_want):
+def test_training_line_follows_the_row(fields, loss, want, not_want):
+    # a checkpoint's trained_steps is its step (list_drafts); a CE twin's says how far it went
+    row = _row("d", **({"trained_steps": fields["step"]} | fields))
     line = _training(_record(loss), row)
     assert want in line and not_want not in line
-    if row["role"] in ("distilled", "ce_twin"):
+    if row.role in ("distilled", "ce_twin"):
         assert "180 steps" in line and "lr 0.001" in line  # configs/smollm2-135m.yaml
 
 
@@ -61,19 +83,16 @@ def test_assistant_generation_config_keeps_other_fields(tmp_path):
     }
 
 
-def _row(name, eval_set, by, acceptance, **extra):
-    return {
-        "checkpoint": name,
-        "step": int(name.split("-")[1]),
-        "role": "distilled",
-        "eval_set": eval_set,
-        "measured_by": by,
-        "acceptance_rate": acceptance,
-        "num_prompts": 24 if by == "teacher_forced" else 8,
-        "num_speculative_tokens": 4,
-        "per_category": {"math": {"acceptance_rate": acceptance / 2, "num_prompts": 3}},
+def _board_row(name, eval_set, by, acceptance, **extra):
+    return _row(
+        name,
+        eval_set=eval_set,
+        measured_by=by,
+        acceptance_rate=acceptance,
+        num_prompts=24 if by == "teacher_forced" else 8,
+        per_category={"math": MetricSummary(acceptance_rate=acceptance / 2, num_prompts=3)},
         **extra,
-    }
+    )
 
 
 BOARD = {
@@ -90,12 +109,14 @@ BOARD = {
     },
     "k_sweep": [{"k": 1, "acceptance_rate": 0.3}, {"k": 2, "acceptance_rate": 0.2}],
     "rows": [
-        _row("checkpoint-3", "mtbench", "teacher_forced", 0.111),
-        _row("checkpoint-6", "mtbench", "teacher_forced", 0.222),
-        _row("checkpoint-6", "mtbench", "engine", 0.25, speedup=1.37, lossless_match_rate=1.0),
-        _row("checkpoint-3", "heldout", "teacher_forced", 0.333),
-        _row("checkpoint-6", "heldout", "teacher_forced", 0.444),
-        _row("checkpoint-6", "heldout", "engine", 0.5, speedup=1.2, lossless_match_rate=1.0),
+        _board_row("checkpoint-3", "mtbench", "teacher_forced", 0.111),
+        _board_row("checkpoint-6", "mtbench", "teacher_forced", 0.222),
+        _board_row(
+            "checkpoint-6", "mtbench", "engine", 0.25, speedup=1.37, lossless_match_rate=1.0
+        ),
+        _board_row("checkpoint-3", "heldout", "teacher_forced", 0.333),
+        _board_row("checkpoint-6", "heldout", "teacher_forced", 0.444),
+        _board_row("checkpoint-6", "heldout", "engine", 0.5, speedup=1.2, lossless_match_rate=1.0),
     ],
 }
 
@@ -104,9 +125,9 @@ def test_export_takes_the_primary_sets_engine_row_and_the_card_shows_every_set(c
     from draftsmith.export import choose_row, model_card
 
     row = choose_row(BOARD, None)
-    assert (row["eval_set"], row["measured_by"], row["speedup"]) == ("mtbench", "engine", 1.37)
+    assert (row.eval_set, row.measured_by, row.speedup) == ("mtbench", "engine", 1.37)
     other = choose_row(BOARD, "checkpoint-3")  # never decoded: its replay row over every prompt
-    assert (other["eval_set"], other["measured_by"]) == ("mtbench", "teacher_forced")
+    assert (other.eval_set, other.measured_by) == ("mtbench", "teacher_forced")
     card = model_card(cfg, BOARD, row, 2, tmp_path / "export", _record("forward_kl"))
     assert "## Measured on mtbench by real speculative decoding" in card
     assert "| measured speedup over target-only decoding | 1.37x |" in card

@@ -204,7 +204,7 @@ def test_list_drafts_carries_each_kind(tmp_path):
         (tmp_path / sub).mkdir(parents=True)
         (tmp_path / "eagle3" / sub).mkdir(parents=True)
     drafts = list_drafts(tmp_path, [], ce_baseline=True, kinds=["independent", "eagle3"])
-    got = [(d["name"], d["kind"], d["role"], d["trained_steps"]) for d in drafts]
+    got = [(d.name, d.kind, d.role, d.trained_steps) for d in drafts]
     assert got == [
         ("checkpoint-0", "independent", "init", 0),
         ("checkpoint-4", "independent", "distilled", 4),
@@ -213,22 +213,26 @@ def test_list_drafts_carries_each_kind(tmp_path):
         ("eagle3-checkpoint-4", "eagle3", "distilled", 4),
         ("eagle3-ce-checkpoint-4", "eagle3", "ce_twin", 4),
     ]
-    assert drafts[4]["ref"] == str(tmp_path / "eagle3" / "checkpoints" / "checkpoint-4")
+    assert drafts[4].ref == str(tmp_path / "eagle3" / "checkpoints" / "checkpoint-4")
 
 
 def test_comparisons_pair_drafts_within_their_kind():
     from draftsmith.evaluate.board import compare_drafts
+    from draftsmith.evaluate.records import DraftEntry
 
     def res(acc):
         return [{"accepted": a, "proposed": 4} for a in acc]
 
     drafts = [
-        {"name": "checkpoint-0", "role": "init", "kind": "independent"},
-        {"name": "checkpoint-4", "role": "distilled", "kind": "independent"},
-        {"name": "eagle3-checkpoint-0", "role": "init", "kind": "eagle3"},
-        {"name": "eagle3-checkpoint-4", "role": "distilled", "kind": "eagle3"},
+        DraftEntry(name=name, ref=name, role=role, kind=kind)
+        for name, role, kind in (
+            ("checkpoint-0", "init", "independent"),
+            ("checkpoint-4", "distilled", "independent"),
+            ("eagle3-checkpoint-0", "init", "eagle3"),
+            ("eagle3-checkpoint-4", "distilled", "eagle3"),
+        )
     ]
-    per_prompt = {d["name"]: res([1, 2, 3]) for d in drafts}
+    per_prompt = {d.name: res([1, 2, 3]) for d in drafts}
     pairs = [(c["draft"], c["against"]) for c in compare_drafts(drafts, per_prompt, 0)]
     assert pairs == [
         ("checkpoint-4", "checkpoint-0"),

@@ -21,6 +21,7 @@ from draftsmith.config import (
 )
 from draftsmith.distill.losses import LOSSES, distill_loss
 from draftsmith.evaluate.ranking import sweep_entry
+from draftsmith.evaluate.records import LeaderboardRow
 from draftsmith.evaluate.report import CSV_FIELDS, METRIC_KEYS, TABLE_COLUMNS, format_table
 from draftsmith.models import eos_token_ids, model_fingerprint
 
@@ -45,13 +46,22 @@ def test_loss_names_are_the_configs_choices_and_each_one_dispatches():
 
 
 def test_sweep_entries_table_and_csv_share_the_metric_keys():
-    row = {key: i / 10 for i, key in enumerate(METRIC_KEYS)} | {
-        "num_speculative_tokens": 3,
-        "checkpoint": "c",
-        "step": 1,
-        "extra": 9,
-    }
-    assert sweep_entry(row) == {"k": 3, **{key: row[key] for key in METRIC_KEYS}}
+    row = LeaderboardRow(
+        **{key: i / 10 for i, key in enumerate(METRIC_KEYS)},
+        num_speculative_tokens=3,
+        checkpoint="c",
+        path="checkpoints/c",
+        step=1,
+        role="distilled",
+        kind="independent",
+        trained_steps=1,
+        eval_set="heldout",
+        measured_by="teacher_forced",
+        temperature=0.0,
+        backend="native",
+        tokens_generated=9,  # not a metric column: no sweep entry carries it
+    )
+    assert sweep_entry(row) == {"k": 3, **{key: getattr(row, key) for key in METRIC_KEYS}}
     # the table adds the draft's kind, who measured the row, over how many prompts, the
     # speedup's spread, and the echo split (share of tokens copying the prompt, alpha on the rest)
     table_keys = tuple(key for key, _, _ in TABLE_COLUMNS)
@@ -68,8 +78,9 @@ def test_sweep_entries_table_and_csv_share_the_metric_keys():
     }
     assert CSV_FIELDS[: 3 + len(METRIC_KEYS)] == ("checkpoint", "kind", "step", *METRIC_KEYS)
     board = {"rows": [row], "best": "c", "select_metric": "alpha", "recommended_k": 3}
-    header = format_table(board).splitlines()[0].split()
-    assert header == [title for _, title, _ in TABLE_COLUMNS]
+    heading, header = format_table(board).splitlines()[:2]  # every row names its eval set
+    assert heading == "== eval set heldout =="
+    assert header.split() == [title for _, title, _ in TABLE_COLUMNS]
 
 
 def test_eos_ids_from_tokenizer_and_generation_config():

@@ -211,3 +211,20 @@ def test_export_without_leaderboard_is_one_line(tmp_path):
         .endswith("no leaderboard yet; run `draftsmith evaluate CONFIG` first")
     )
     assert not (tmp_path / "empty" / "export").exists()
+
+
+def test_the_leaderboard_reads_back_into_rows_that_write_it_again(tiny_run):
+    """leaderboard.json's rows read back into LeaderboardRow records (evaluate/records.py)
+    that write the same JSON, key for key in the same order, and the same CSV."""
+    from draftsmith.evaluate.records import LeaderboardRow, rows_from_dicts
+    from draftsmith.evaluate.report import leaderboard_csv
+
+    path = tiny_run / "eval" / "leaderboard.json"
+    board = json.loads(path.read_text())
+    rows = rows_from_dicts(board["rows"], path)
+    assert [r.checkpoint for r in rows] == [r["checkpoint"] for r in board["rows"]]
+    assert json.dumps([r.to_dict() for r in rows]) == json.dumps(board["rows"])
+    assert leaderboard_csv(rows).encode() == (tiny_run / "eval" / "leaderboard.csv").read_bytes()
+    exported = json.loads((tiny_run / "export" / "leaderboard_row.json").read_text())
+    row = LeaderboardRow.from_dict(exported, "leaderboard_row.json")
+    assert json.dumps(row.to_dict()) == json.dumps(exported) and row.trained_with is not None

@@ -106,18 +106,18 @@ def test_eagle3_engine_counts_equal_the_teacher_forced_replay(both_run):
     prompts = {p["id"]: p for p in load_prompts(out)}
     models = Models(cfg)
     num_ids = token_id_count(models.tokenizer())
-    drafts = [d for d in list_drafts(out, [], kinds=cfg.draft.kinds) if d["kind"] == "eagle3"]
+    drafts = [d for d in list_drafts(out, [], kinds=cfg.draft.kinds) if d.kind == "eagle3"]
     fields = ("tokens", "proposed", "accepted", "accepted_at", "reached_at", "target_forwards")
     decoded = 0
     for d in drafts:
-        path = results / f"{d['name']}-heldout-k{k}-t0.json"
+        path = results / f"{d.name}-heldout-k{k}-t0.json"
         if not path.is_file():  # the engine decodes only the best and the compared drafts
             continue
         spec = json.loads(path.read_text())["results"]
         refs = [{**prompts[r["id"]], "tokens": base[r["id"]]["tokens"]} for r in spec]
         fast = teacher_forced_results(d, models, refs, k, budget, num_ids)
         for e, f in zip(spec, fast, strict=True):
-            assert {c: f[c] for c in fields} == {c: e[c] for c in fields}, (d["name"], e["id"])
+            assert {c: f[c] for c in fields} == {c: e[c] for c in fields}, (d.name, e["id"])
         decoded += 1
     # the engine decoded eagle3-checkpoint-0 (init), -6 (last) and the best of the kind (one
     # of those two, or a third): every one of them was checked above

@@ -100,13 +100,23 @@ def test_replay_mismatches_tell_near_ties_from_bugs():
 
 def test_each_kind_brings_its_replay_through_the_registry():
     from draftsmith.errors import ConfigError
+    from draftsmith.evaluate.records import DraftEntry
     from draftsmith.evaluate.teacher_forced import CAUSAL_LM_REPLAY
-    from draftsmith.kinds import get_kind, kind_of
+    from draftsmith.kinds import FALLBACK_KIND, get_kind, kind_of
     from draftsmith.kinds.eagle3.proposer import EAGLE3_REPLAY
 
-    assert kind_of({"kind": None}).replay() is get_kind("independent").replay() is CAUSAL_LM_REPLAY
+    def draft(kind):
+        return DraftEntry(name="d", ref="d", kind=kind)
+
+    # a draft always names its kind; baselines and unclaimed folders get the fallback
+    assert FALLBACK_KIND == "independent"
+    assert (
+        kind_of(draft(FALLBACK_KIND)).replay()
+        is get_kind("independent").replay()
+        is CAUSAL_LM_REPLAY
+    )
     assert get_kind("eagle3").replay() is EAGLE3_REPLAY
-    # one pass serves every k for an independent draft; a head's later drafts read its own states
+    # one pass serves every k for a causal-LM draft; a head's later drafts read its own states
     assert (CAUSAL_LM_REPLAY.per_k, EAGLE3_REPLAY.per_k) == (False, True)
     with pytest.raises(ConfigError, match="^draft.kind: unknown kind 'medusa'"):
-        kind_of({"kind": "medusa"})
+        kind_of(draft("medusa"))

@@ -302,11 +302,25 @@ def test_after_training_no_padding_id_is_proposed_sampled_or_emitted(pair, train
 
 
 def _export(pair: dict, out: Path, ck: Path) -> Path:
+    from draftsmith.evaluate.records import LeaderboardRow
     from draftsmith.export import run_export
 
     (out / "eval").mkdir(parents=True, exist_ok=True)
-    row = {"checkpoint": ck.name, "path": str(ck), "step": 0, "num_speculative_tokens": 3}
-    (out / "eval" / "leaderboard.json").write_text(json.dumps({"best": ck.name, "rows": [row]}))
+    row = LeaderboardRow(
+        checkpoint=ck.name,
+        path=str(ck),
+        step=0,
+        role=None,  # no training record to read: the card says so
+        kind="independent",
+        trained_steps=0,
+        eval_set="heldout",
+        measured_by="teacher_forced",
+        num_speculative_tokens=3,
+        temperature=0.0,
+        backend="native",
+    )
+    board = {"best": ck.name, "rows": [row.to_dict()]}
+    (out / "eval" / "leaderboard.json").write_text(json.dumps(board))
     cfg = config_from_dict(
         {
             "run": {"output_dir": str(out), "device": "cpu"},

@@ -41,6 +41,7 @@ from draftsmith.kinds.independent import IndependentKind
 
 if TYPE_CHECKING:
     from draftsmith.config import Config
+    from draftsmith.evaluate.records import DraftEntry, LeaderboardRow
 
 KINDS: dict[str, DraftKind] = {}
 FALLBACK_KIND = "independent"  # a plain causal LM: a baseline, or a folder no kind claims
@@ -85,9 +86,10 @@ def get_kind(name: str) -> DraftKind:
         raise ConfigError(f"draft.kind: unknown kind {name!r} (known: {known})") from None
 
 
-def kind_of(draft: dict) -> DraftKind:
-    """The kind of a draft dict (evaluate.prompts.list_drafts; baselines are independent)."""
-    return get_kind(draft.get("kind") or FALLBACK_KIND)
+def kind_of(record: DraftEntry | LeaderboardRow) -> DraftKind:
+    """The kind of a draft or of a leaderboard row (evaluate/records.py: every one names its
+    kind; list_drafts gives baselines FALLBACK_KIND)."""
+    return get_kind(record.kind)
 
 
 def checkpoint_kind(path: Path) -> DraftKind:
@@ -113,7 +115,7 @@ def check_target(cfg: Config, target_config, target_tok) -> None:
 
 
 def teacher_forced_results(
-    draft: dict, models, refs: list[dict], k: int, max_new_tokens: int, vocab: int | None
+    draft: DraftEntry, models, refs: list[dict], k: int, max_new_tokens: int, vocab: int | None
 ) -> list[dict]:
     """The engine's greedy counts for `draft` (no timings) on refs, by its kind's replay: per
     prompt {"id", "category", "prompt_ids", "tokens": the target's greedy output}."""

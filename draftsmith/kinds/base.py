@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # type hints only: the interface needs no config at runtime
     from draftsmith.config import Config
+    from draftsmith.evaluate.records import DraftEntry
 
 
 class DraftKind(ABC):
@@ -32,7 +33,7 @@ class DraftKind(ABC):
         """The loop's side of the kind (distill/train.py): build, teacher, loss parts, files."""
 
     @abstractmethod
-    def load(self, draft: dict, models):
+    def load(self, draft: DraftEntry, models):
         """The module the proposer and the replay run (models: the evaluate stage's loader)."""
 
     @abstractmethod

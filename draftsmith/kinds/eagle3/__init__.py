@@ -15,6 +15,7 @@ from draftsmith.kinds.eagle3.config import Eagle3Config, eagle3_settings
 
 if TYPE_CHECKING:
     from draftsmith.config import Config
+    from draftsmith.evaluate.records import DraftEntry
 
 
 class Eagle3Kind(DraftKind):
@@ -28,10 +29,10 @@ class Eagle3Kind(DraftKind):
 
         return Eagle3Training()
 
-    def load(self, draft: dict, models):
+    def load(self, draft: DraftEntry, models):
         from draftsmith.kinds.eagle3.export import load_eagle3
 
-        return load_eagle3(draft["ref"], models.target()).to(models.dtype).eval()
+        return load_eagle3(draft.ref, models.target()).to(models.dtype).eval()
 
     def proposer(self, module):
         from draftsmith.kinds.eagle3.proposer import Eagle3Proposer

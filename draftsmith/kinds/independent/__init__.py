@@ -13,6 +13,7 @@ from draftsmith.kinds.base import DraftKind
 
 if TYPE_CHECKING:
     from draftsmith.config import Config
+    from draftsmith.evaluate.records import DraftEntry
 
 
 class IndependentKind(DraftKind):
@@ -25,7 +26,7 @@ class IndependentKind(DraftKind):
 
         return IndependentTraining()
 
-    def load(self, draft: dict, models):
+    def load(self, draft: DraftEntry, models):
         """The module the proposer and the replay run (models: the evaluate stage's loader)."""
         return models.draft(draft)
 
