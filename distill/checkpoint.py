@@ -102,10 +102,19 @@ def load_train_state(path: Path) -> dict:
         ) from None
 
 
+# What every record distill writes holds; the readers index these without a fallback.
+META_KEYS = ("step", "kind", "init", "loss_name", "settings")
+
+
 def read_meta(path: Path) -> dict:
     meta = checked_read_json(Path(path) / META_FILE, redo_hint(path))
     if not isinstance(meta, dict):
         raise corrupt_file(Path(path) / META_FILE, "not a checkpoint record", redo_hint(path))
+    missing = [key for key in META_KEYS if key not in meta]
+    if missing:
+        raise corrupt_file(
+            Path(path) / META_FILE, f"a checkpoint record without {missing[0]!r}", redo_hint(path)
+        )
     return meta
 
 
@@ -149,14 +158,12 @@ def check_training_settings(directory: Path, settings: dict) -> None:
 
     Otherwise "already finished" would keep a draft trained with other settings and
     the card would describe it with the new ones, or training would go on from weights
-    made with the old ones. Checkpoints from before records existed are not checked.
+    made with the old ones.
     """
     from draftsmith.rundir import differing_keys
 
     for _, path in list_checkpoints(directory):
-        recorded = read_meta(path).get("settings")
-        if recorded is None:
-            continue
+        recorded = read_meta(path)["settings"]
         keys = differing_keys(recorded, settings)
         if keys:
             old, new = _values(recorded, keys[0]), _values(settings, keys[0])

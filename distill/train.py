@@ -446,8 +446,8 @@ def train_draft(
 
 
 def _check_same_loss(resume: Path, loss_name: str) -> None:
-    trained = read_meta(resume).get("loss_name")
-    if trained not in (None, loss_name):
+    trained = read_meta(resume)["loss_name"]
+    if trained != loss_name:
         raise DraftsmithError(
             f"distill.resume: {resume} was trained with loss {trained!r}, not {loss_name!r}; "
             "use another checkpoints directory or distill.resume=never on an empty one"
@@ -455,7 +455,7 @@ def _check_same_loss(resume: Path, loss_name: str) -> None:
 
 
 def _check_same_kind(resume: Path, kind: str) -> None:
-    trained = read_meta(resume).get("kind", FALLBACK_KIND)
+    trained = read_meta(resume)["kind"]
     if trained != kind:
         raise DraftsmithError(
             f"distill.resume: {resume} is a checkpoint of kind {trained}, not {kind}; "

@@ -193,9 +193,7 @@ def _training(meta: dict | None, row: LeaderboardRow) -> str:
         return "none: the untrained initialisation ranked best"
     if role == "baseline":
         return "an external draft (evaluate.baselines), not trained by this run"
-    d = (meta or {}).get("settings", {}).get("distill")
-    if d is None:  # a checkpoint written before checkpoints recorded their settings
-        return f"{(meta or {}).get('loss_name', 'unknown loss')}, {steps} steps (settings not recorded)"
+    d = meta["settings"]["distill"]
     batch = f"batch {d['batch_size']} x {d['grad_accum_steps']} accumulation, lr {d['lr']}"
     teacher, more = kind_of(row).card_training(meta["settings"])
     if role == "ce_twin":
@@ -210,9 +208,9 @@ def _training(meta: dict | None, row: LeaderboardRow) -> str:
 
 
 def _init(meta: dict | None, row: LeaderboardRow) -> str:
-    if row.role == "baseline":
+    if meta is None:  # not trained by this run: no record of its own
         return "external (evaluate.baselines)"
-    return (meta or {}).get("init") or "not recorded"
+    return meta["init"]
 
 
 def _comparisons(board: dict) -> str:

@@ -77,9 +77,9 @@ SELF_DRAFT_NAME = "target-as-draft"
 
 def list_drafts(
     output_dir: Path,
+    kinds: list[str] | tuple[str, ...],
     baselines: list[str],
     ce_baseline: bool = False,
-    kinds: list[str] | tuple[str, ...] = ("independent",),
     target: str | None = None,
 ) -> list[DraftEntry]:
     """Each kind's checkpoint-<step> (by step) and its CE twin's last checkpoint, then

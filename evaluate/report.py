@@ -341,7 +341,7 @@ def portable_board(cfg: Config, board: dict) -> dict:
         row = dataclasses.replace(row, path=run_relative(row.path, cfg.output_dir))
         if row.role in TRAINED_ROLES:
             meta = read_meta(from_run(row.path, cfg.output_dir))
-            row.trained_with = {"init": meta.get("init"), **meta.get("settings", {})}
+            row.trained_with = {"init": meta["init"], **meta["settings"]}
         rows.append(row)
     best_path = run_relative(board["best_path"], cfg.output_dir)
     return {

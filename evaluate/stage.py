@@ -123,7 +123,7 @@ def run_evaluate(cfg: Config) -> None:
     sets = eval_sets(load_prompts(cfg.output_dir), ev.max_prompts)
     primary = choose_primary(cfg, sets)
     drafts = list_drafts(
-        cfg.output_dir, ev.baselines, cfg.distill.ce_baseline, cfg.draft.kinds, cfg.target.model
+        cfg.output_dir, cfg.draft.kinds, ev.baselines, cfg.distill.ce_baseline, cfg.target.model
     )
     check_drafts(cfg, drafts)  # files whole, tokenizers the target's: before any decoding
     record_config(cfg)

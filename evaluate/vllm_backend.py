@@ -36,7 +36,7 @@ from draftsmith.evaluate.ranking import (
     sweep_entry,
 )
 from draftsmith.evaluate.records import VLLM, DraftEntry, LeaderboardRow, MetricSummary
-from draftsmith.kinds import get_kind, kind_of
+from draftsmith.kinds import kind_of
 from draftsmith.models import resolve_model
 from draftsmith.vllm_compat import engine_kwargs, import_vllm
 
@@ -108,10 +108,8 @@ def summary_from_counts(
 # ----------------------------------------------------------------------------- running vLLM
 
 
-def _make_llm(vllm, cfg: Config, target: str, draft: str | None, k: int, kind: str = "independent"):
-    spec = None
-    if draft is not None:  # the draft's dir, run as its kind asks (draftsmith/kinds/)
-        spec = get_kind(kind).vllm_speculative_config(cfg, draft, k)
+def _make_llm(vllm, cfg: Config, target: str, spec: dict | None):
+    """vllm.LLM for the target; `spec`: the draft's speculative_config (None: target-only)."""
     kw = engine_kwargs(cfg, cfg.evaluate.vllm, target)
     return vllm.LLM(**kw, speculative_config=spec, disable_log_stats=False)
 
@@ -216,13 +214,14 @@ def vllm_rows(cfg: Config, sets: dict[str, list[dict]], drafts: list[DraftEntry]
     ev = cfg.evaluate
     primary = primary or next(iter(sets))
     target = resolve_model(cfg.target.model, "target.model")
-    llm = _make_llm(vllm, cfg, target, None, 0)
+    llm = _make_llm(vllm, cfg, target, None)
     base = {s: _generate_by_category(vllm, llm, ps, cfg, 0) for s, ps in sets.items()}
     _release(llm)
 
     def measure(d: DraftEntry, k: int, names: list[str]) -> dict[str, LeaderboardRow]:
         path = draft_path(d)
-        engine = _make_llm(vllm, cfg, target, path, k, kind_of(d).name)
+        # the draft's dir, run as its kind asks (draftsmith/kinds/)
+        engine = _make_llm(vllm, cfg, target, kind_of(d).vllm_speculative_config(cfg, path, k))
         runs = {s: _generate_by_category(vllm, engine, sets[s], cfg, k) for s in names}
         _release(engine)
         return {s: _row(d, path, runs[s], base[s], cfg, k, s) for s in names}

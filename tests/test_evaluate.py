@@ -31,7 +31,8 @@ PROMPTS = [
 def _save_draft(model, tok, path: Path, step: int) -> None:
     model.save_pretrained(path)
     tok.save_pretrained(path)
-    (path / "draftsmith_checkpoint.json").write_text(json.dumps({"step": step}))
+    record = {"step": step, "kind": "independent", "init": "from_target", "loss_name": "forward_kl"}
+    (path / "draftsmith_checkpoint.json").write_text(json.dumps({**record, "settings": {}}))
 
 
 def _trimmed(model, keep: int):

@@ -12,6 +12,7 @@ from draftsmith.config import config_from_dict
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import vllm_backend as vb
 from draftsmith.evaluate.records import DraftEntry
+from draftsmith.kinds import get_kind
 
 
 @dataclass
@@ -104,7 +105,8 @@ def test_engine_asks_vllm_for_the_draft_at_the_targets_tensor_parallel_size():
             "evaluate": {"backend": "vllm", "vllm": {"tensor_parallel_size": 4}},
         }
     )
-    vb._make_llm(fake, cfg, "org/target", "/drafts/d", 3)
+    spec = get_kind("independent").vllm_speculative_config(cfg, "/drafts/d", 3)
+    vb._make_llm(fake, cfg, "org/target", spec)
     assert seen["speculative_config"] == {
         "method": "draft_model",
         "model": "/drafts/d",
@@ -114,7 +116,9 @@ def test_engine_asks_vllm_for_the_draft_at_the_targets_tensor_parallel_size():
     assert seen["tensor_parallel_size"] == 4 and seen["model"] == "org/target"
     assert seen["revision"] == "v2" and seen["trust_remote_code"] is True
     assert seen["disable_log_stats"] is False and "max_model_len" not in seen
-    vb._make_llm(fake, cfg, "org/target", "/drafts/e", 2, "eagle3")
+    vb._make_llm(
+        fake, cfg, "org/target", get_kind("eagle3").vllm_speculative_config(cfg, "/drafts/e", 2)
+    )
     assert seen["speculative_config"] == {
         "method": "eagle3",
         "model": "/drafts/e",
@@ -144,7 +148,7 @@ def test_vllm_backend_perfect_draft(tmp_path):
         }
     )
     prompts = [{"id": "a", "category": "x", "prompt_ids": [1, 504, 3458, 314]}]
-    drafts = list_drafts(tmp_path, [target, "target"], target=target)
+    drafts = list_drafts(tmp_path, ["independent"], [target, "target"], target=target)
     rows, best, sweep = vb.vllm_rows(cfg, {"heldout": prompts}, drafts)
     assert rows[0].acceptance_rate > 0.9 and sweep[0]["k"] == 2
     assert (rows[0].eval_set, rows[0].measured_by) == ("heldout", "engine")

@@ -203,7 +203,7 @@ def test_list_drafts_carries_each_kind(tmp_path):
     ):
         (tmp_path / sub).mkdir(parents=True)
         (tmp_path / "eagle3" / sub).mkdir(parents=True)
-    drafts = list_drafts(tmp_path, [], ce_baseline=True, kinds=["independent", "eagle3"])
+    drafts = list_drafts(tmp_path, ["independent", "eagle3"], [], ce_baseline=True)
     got = [(d.name, d.kind, d.role, d.trained_steps) for d in drafts]
     assert got == [
         ("checkpoint-0", "independent", "init", 0),

@@ -106,7 +106,7 @@ def test_eagle3_engine_counts_equal_the_teacher_forced_replay(both_run):
     prompts = {p["id"]: p for p in load_prompts(out)}
     models = Models(cfg)
     num_ids = token_id_count(models.tokenizer())
-    drafts = [d for d in list_drafts(out, [], kinds=cfg.draft.kinds) if d.kind == "eagle3"]
+    drafts = [d for d in list_drafts(out, cfg.draft.kinds, []) if d.kind == "eagle3"]
     fields = ("tokens", "proposed", "accepted", "accepted_at", "reached_at", "target_forwards")
     decoded = 0
     for d in drafts:

@@ -454,6 +454,22 @@ def test_missing_checkpoint_record(run_copy, tmp_path, stage):
     )
 
 
+@pytest.mark.parametrize("stage", ["evaluate", "export"])
+def test_a_checkpoint_record_without_its_settings_is_one_line(run_copy, tmp_path, stage):
+    """Every record distill writes holds its settings: one without them is not read as
+    "settings not recorded", it is named as the damaged file it is."""
+    ckpt = run_copy / "checkpoints" / board_of(run_copy)["best"]
+    record = ckpt / "draftsmith_checkpoint.json"
+    record.write_text(
+        json.dumps({k: v for k, v in json.loads(record.read_text()).items() if k != "settings"})
+    )
+    code, err = on(run_copy, stage, f"export.output_dir={tmp_path / 'x'}")
+    assert code == 1
+    assert err[-1] == (
+        f"draftsmith: error: {record}: a checkpoint record without 'settings'; {_redo_ckpt(ckpt)}"
+    )
+
+
 def test_export_never_ships_truncated_weights(run_copy, tmp_path):
     ckpt = run_copy / "checkpoints" / board_of(run_copy)["best"]
     truncate(ckpt / "model.safetensors", 1000)
