@@ -7,10 +7,16 @@ from pathlib import Path
 from draftsmith.errors import DraftsmithError
 from draftsmith.io import checked_read_json, checked_read_jsonl, corrupt_file
 
-__all__ = ["HELDOUT", "load_data_meta", "load_eval_prompts", "load_train_dataset"]
+__all__ = [
+    "EVAL_PROMPT_KEYS",
+    "HELDOUT",
+    "load_data_meta",
+    "load_eval_prompts",
+    "load_train_dataset",
+]
 
 # The eval set of the held-out split of role=both sources (each role=eval source is a set
-# named after it); also the set of eval prompts written before eval sets existed.
+# named after it).
 HELDOUT = "heldout"
 
 
@@ -58,9 +64,21 @@ def load_train_dataset(output_dir: str | Path):
     return ds
 
 
+# What generate writes for every held-out prompt (data/generate.py eval_records).
+EVAL_PROMPT_KEYS = (
+    "id", "prompt_text", "prompt_ids", "category", "source", "eval_set", "messages", "followups"
+)  # fmt: skip
+
+
 def load_eval_prompts(output_dir: str | Path) -> list[dict]:
-    """The held-out prompts: [{"id", "prompt_text", "prompt_ids", "category", "source",
-    "eval_set", "messages", "followups"}, ...] (runs generated before eval sets lack the last
-    three)."""
+    """The held-out prompts: [{EVAL_PROMPT_KEYS}, ...], each key present (a line without one
+    is named as a damaged file)."""
     path = _need(Path(output_dir) / "data" / "eval_prompts.jsonl")
-    return checked_read_jsonl(path, regenerate_hint(output_dir))
+    prompts = checked_read_jsonl(path, regenerate_hint(output_dir))
+    for i, p in enumerate(prompts):
+        missing = [k for k in EVAL_PROMPT_KEYS if k not in p] if isinstance(p, dict) else ["id"]
+        if missing:
+            raise corrupt_file(
+                path, f"line {i + 1} has no {missing[0]!r}", regenerate_hint(output_dir)
+            )
+    return prompts

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from draftsmith.config import Config
-from draftsmith.data import HELDOUT, load_eval_prompts
+from draftsmith.data import load_eval_prompts
 from draftsmith.distill import list_checkpoints
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.evaluate.records import DraftEntry
@@ -20,13 +20,9 @@ def load_prompts(output_dir: Path) -> list[dict]:
     path = Path(output_dir) / "data" / "eval_prompts.jsonl"
     if not prompts:
         raise DraftsmithError(f"{path}: holds no eval prompts")
-    for i, p in enumerate(prompts):
-        if not p.get("prompt_ids"):
-            raise DraftsmithError(f"{path}: prompt {p.get('id', i)} has no prompt_ids")
-        p.setdefault("id", str(i))
-        p.setdefault("category", "default")
-        p["eval_set"] = p.get("eval_set") or HELDOUT
-        p.setdefault("followups", [])
+    for p in prompts:
+        if not p["prompt_ids"]:
+            raise DraftsmithError(f"{path}: prompt {p['id']} has no prompt_ids")
     return prompts
 
 

@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from draftsmith.config import config_from_dict
+from draftsmith.data import EVAL_PROMPT_KEYS
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.evaluate.prompts import select_prompts
 from draftsmith.evaluate.ranking import dynamic_sweep_entry, pick_best, recommend_k
@@ -87,6 +88,9 @@ def run_dir(tmp_path, target_dir) -> Path:
                     "prompt_ids": ids,
                     "category": cat,
                     "source": "test",
+                    "eval_set": "heldout",
+                    "messages": [["user", text]],
+                    "followups": [],
                 }
             )
         )
@@ -304,7 +308,8 @@ def test_missing_inputs_are_clear_errors(tmp_path):
         run_evaluate(_cfg(tmp_path / "none"))
     (tmp_path / "x" / "data").mkdir(parents=True)
     (tmp_path / "x" / "data" / "eval_prompts.jsonl").write_text(
-        json.dumps({"id": "a", "prompt_ids": [5, 6], "category": "c"}) + "\n"
+        json.dumps(dict.fromkeys(EVAL_PROMPT_KEYS, "x") | {"prompt_ids": [5, 6], "followups": []})
+        + "\n"
     )
     with pytest.raises(DraftsmithError, match="run `draftsmith distill CONFIG` first"):
         run_evaluate(_cfg(tmp_path / "x"))

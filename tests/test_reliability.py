@@ -260,6 +260,20 @@ def test_truncated_meta_json(run_copy):
     )
 
 
+def test_an_eval_prompt_without_its_eval_set_is_one_line(run_copy):
+    path = run_copy / "data" / "eval_prompts.jsonl"
+    lines = path.read_text().splitlines()
+    record = json.loads(lines[1])
+    del record["eval_set"]
+    path.write_text("\n".join([lines[0], json.dumps(record), *lines[2:]]) + "\n")
+    assert on(run_copy, "evaluate") == (
+        1,
+        [
+            f"draftsmith: error: {path}: line 2 has no 'eval_set'; delete {run_copy / 'data'} {REDO_DATA}"
+        ],
+    )
+
+
 def test_truncated_eval_prompts(run_copy):
     path = run_copy / "data" / "eval_prompts.jsonl"
     lines = path.read_text().splitlines()
