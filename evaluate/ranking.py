@@ -146,6 +146,10 @@ def costed_sweep_entry(
     for key in ("speedup", "speedup_iqr", "tokens_per_s", "lossless_match_rate"):
         entry[key] = getattr(engine, key) if engine else None
     entry["engine_prompts"] = engine.num_prompts if engine else 0
+    # The same model fed the engine run's own alpha and forward timers, on its prompts: the
+    # check of the formula against this wall clock, apart from any drift between the timed
+    # costs and the run, or between the engine's prompts and the whole set.
+    entry["modelled_speedup_in_run"] = engine.modelled_speedup_verify if engine else None
     model = modelled_quartiles(acceptance.alpha, k, costs) if costs else None
     if model is not None:
         plain, verify = model

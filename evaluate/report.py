@@ -181,6 +181,8 @@ def format_sweep(board: dict) -> list[str]:
             f"v {_cell(s.get('verify_cost_ratio'), '{:.2f}')})",
             f"measured {_cell(s.get('speedup'), '{:.2f}x')} [{_cell(s.get('speedup_iqr'), '{:.2f}')}]",
         ]
+        if s.get("modelled_speedup_in_run") is not None:  # same prompts, the run's own forwards
+            parts.append(f"in-run model {s['modelled_speedup_in_run']:.2f}x")
         lines.append("  " + ", ".join(parts))
     return lines
 

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from draftsmith.config import config_from_dict
 from draftsmith.data import EVAL_PROMPT_KEYS
 from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.evaluate.metrics import summarize
 from draftsmith.evaluate.prompts import select_prompts
 from draftsmith.evaluate.ranking import dynamic_sweep_entry, pick_best, recommend_k
 from draftsmith.evaluate.records import LeaderboardRow, rows_from_dicts
@@ -168,6 +169,12 @@ def test_evaluate_ranks_checkpoints_and_writes_reports(run_dir, capsys):
         per_repeat = [(s["k"] + 1) / (s["k"] * c + v) for c, v in zip(cs, vs)]
         assert s["modelled_speedup_verify"] == pytest.approx(statistics.median(per_repeat))
         assert s["draft_cost_ratio"] == pytest.approx(statistics.median(cs))
+        # the in-run model: the same formula on the engine's own results at that k
+        results = run_dir / "eval" / "results"
+        spec = json.loads((results / f"checkpoint-8-heldout-k{s['k']}-t0.json").read_text())
+        (base,) = [json.loads(p.read_text()) for p in results.glob("target-only-heldout-*.json")]
+        in_run = summarize(spec["results"], base["results"], s["k"])["modelled_speedup_verify"]
+        assert s["modelled_speedup_in_run"] == pytest.approx(in_run) and in_run > 0
     assert board["costs"]["repeats"] == 30 and len(board["costs"]["c"]) == 30
     rec = board["k_recommendation"]
     modelled = max(board["k_sweep"], key=lambda s: s["modelled_speedup_verify"])
@@ -182,6 +189,7 @@ def test_evaluate_ranks_checkpoints_and_writes_reports(run_dir, capsys):
     assert "== eval set heldout (primary: best draft and k chosen here): 5 prompts" in printed
     assert printed.count("*checkpoint-8") == 2  # its replay row and its engine row
     assert f"recommended k = {rec['k']}, by the modelled speedup" in printed
+    assert printed.count("in-run model ") == 2  # one per k of the sweep
     # the last distilled checkpoint (the perfect draft) against the init, paired by prompt
     (cmp,) = board["comparisons"]
     assert (cmp["draft"], cmp["against"], cmp["role"]) == ("checkpoint-8", "checkpoint-0", "init")
