@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from board_rows import make_row
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from draftsmith.config import config_from_dict
@@ -333,20 +334,7 @@ def test_select_prompts_round_robin_and_deterministic():
 
 def _row(checkpoint: str, **fields) -> LeaderboardRow:
     """A leaderboard row with the given figures (identity fields filled in)."""
-    identity = {
-        "checkpoint": checkpoint,
-        "path": f"checkpoints/{checkpoint}",
-        "step": None,
-        "role": "distilled",
-        "kind": "independent",
-        "trained_steps": None,
-        "eval_set": "heldout",
-        "measured_by": "engine",
-        "num_speculative_tokens": 4,
-        "temperature": 0.0,
-        "backend": "native",
-    }
-    return LeaderboardRow(**(identity | fields))
+    return make_row(checkpoint, **fields)
 
 
 def test_pick_best():

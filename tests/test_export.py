@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from board_rows import make_row
 
 from draftsmith.config import load_config
 from draftsmith.distill.checkpoint import training_settings
@@ -30,21 +31,7 @@ def _record(loss: str) -> dict:
 
 def _row(name, **fields) -> LeaderboardRow:
     """A leaderboard row of draft `name` with the given fields (the rest filled in)."""
-    step = int(name.split("-")[1]) if name.startswith("checkpoint-") else None
-    defaults = {
-        "checkpoint": name,
-        "path": f"checkpoints/{name}",
-        "step": step,
-        "role": "distilled",
-        "kind": "independent",
-        "trained_steps": step,
-        "eval_set": "mtbench",
-        "measured_by": "teacher_forced",
-        "num_speculative_tokens": 4,
-        "temperature": 0.0,
-        "backend": "native",
-    }
-    return LeaderboardRow(**(defaults | fields))
+    return make_row(name, **({"eval_set": "mtbench", "measured_by": "teacher_forced"} | fields))
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from board_rows import make_row
 
 from draftsmith.config import (
     ConfigError,
@@ -21,7 +22,6 @@ from draftsmith.config import (
 )
 from draftsmith.distill.losses import LOSSES, distill_loss
 from draftsmith.evaluate.ranking import sweep_entry
-from draftsmith.evaluate.records import LeaderboardRow
 from draftsmith.evaluate.report import CSV_FIELDS, METRIC_KEYS, TABLE_COLUMNS, format_table
 from draftsmith.models import eos_token_ids, model_fingerprint
 
@@ -46,19 +46,11 @@ def test_loss_names_are_the_configs_choices_and_each_one_dispatches():
 
 
 def test_sweep_entries_table_and_csv_share_the_metric_keys():
-    row = LeaderboardRow(
+    row = make_row(
+        "checkpoint-1",
         **{key: i / 10 for i, key in enumerate(METRIC_KEYS)},
         num_speculative_tokens=3,
-        checkpoint="c",
-        path="checkpoints/c",
-        step=1,
-        role="distilled",
-        kind="independent",
-        trained_steps=1,
-        eval_set="heldout",
         measured_by="teacher_forced",
-        temperature=0.0,
-        backend="native",
         tokens_generated=9,  # not a metric column: no sweep entry carries it
     )
     assert sweep_entry(row) == {"k": 3, **{key: getattr(row, key) for key in METRIC_KEYS}}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from board_rows import make_row
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import metrics
@@ -49,23 +50,15 @@ def _native_row() -> LeaderboardRow:
     ]
     ids = [[5, 6, 7, 8, 9], [4, 4]]
     cats = metrics.per_category(spec, spec, ["code", "math"], 2, ids)
-    return LeaderboardRow(
-        checkpoint="checkpoint-4",
-        path="checkpoints/checkpoint-4",
-        step=4,
-        role="distilled",
-        kind="independent",
-        trained_steps=4,
+    return make_row(
+        "checkpoint-4",
         eval_set="mtbench",
-        measured_by="engine",
         **summary_args(metrics.summarize(spec, spec, 2, ids)),
         speedup_iqr=[0.9, 1.1],
         per_category={c: MetricSummary(**summary_args(s)) for c, s in cats.items()},
         lossless_match_rate=1.0,
         lossless_ties=0,
         num_speculative_tokens=2,
-        temperature=0.0,
-        backend="native",
         replay_match_rate=1.0,
         trained_with={"init": "from_target", "distill": {"loss": "forward_kl"}},
     )
