@@ -5,11 +5,11 @@ pass, the two tokens a draft round may start with, one row per sequence of a dec
 torch's F.linear hands BLAS the "x times W transposed" product, and for 2 to 64 rows the
 CPU BLAS behind torch can run it well below memory speed; the same product written as W
 times x transposed can stream the weights once. Which form is faster depends on the CPU,
-its BLAS and the dtype: on one 2-core machine W @ x^T was up to 2x faster in fp32, on
-another of the same kind 2x slower, and in bf16 F.linear won. So the form is chosen per
-forward width by timing both on the target (evaluate/timing.py choose_few_rows, what
-evaluate.cpu_few_row_linear=auto does); `scripts/bench_linear.py` and
-`scripts/bench_costs.py` measure them side by side on the machine at hand.
+its BLAS and the dtype, even between machines of one kind (the README's per-q cost tables
+have the measurements). So the form is chosen per forward width by timing both on the
+target (evaluate/timing.py choose_few_rows, what evaluate.cpu_few_row_linear=auto does);
+`scripts/bench_linear.py` and `scripts/bench_costs.py` measure them side by side on the
+machine at hand.
 
 One row keeps F.linear (a matrix-vector product either way), so target-only decoding is
 untouched; GPUs and large batches keep F.linear too. Results equal F.linear's up to float

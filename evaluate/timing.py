@@ -150,8 +150,7 @@ def choose_few_rows(
     The same cached forward runs through F.linear and through the W @ x^T form
     (draftsmith/fast_linear.py), interleaved and repeated like the cost timing; W @ x^T is
     chosen where its median is lower by more than `margin`. Which one wins depends on the
-    CPU, the BLAS and the dtype (in fp32 on one 2-core machine W @ x^T was 2x faster at 2-5
-    rows, on another of the same kind 2x slower; in bf16 F.linear won): measured, not assumed.
+    CPU, the BLAS and the dtype (draftsmith/fast_linear.py): measured, not assumed.
     Returns {"few_rows": [w, ...], "ms": {w: {"F.linear": ms, "W@x^T": ms}}, "repeats"}.
     """
     widths = sorted({int(w) for w in widths if w > 1})

@@ -24,3 +24,13 @@ def make_row(checkpoint: str, **fields) -> LeaderboardRow:
         "backend": "native",
     }
     return LeaderboardRow(**(defaults | fields))
+
+
+# vLLM's speculative-decoding counters for 10 rounds of k=3 (what vllm_backend reads from
+# its metrics): 30 drafts proposed, 15 accepted, 8 / 5 / 2 at positions 1 / 2 / 3.
+VLLM_COUNTS = {
+    "num_drafts": 10,
+    "num_draft_tokens": 30,
+    "num_accepted_tokens": 15,
+    "accepted_per_pos": [8, 5, 2],
+}

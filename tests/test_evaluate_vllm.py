@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from types import ModuleType, SimpleNamespace
 
 import pytest
+from board_rows import VLLM_COUNTS
 
 from draftsmith.config import config_from_dict
 from draftsmith.errors import DraftsmithError
@@ -61,13 +62,7 @@ def test_spec_counts_sum_engines_and_delta():
 
 
 def test_summary_from_counts_hand_computed():
-    counts = {
-        "num_drafts": 10,
-        "num_draft_tokens": 30,
-        "num_accepted_tokens": 15,
-        "accepted_per_pos": [8, 5, 2],
-    }
-    s = vb.summary_from_counts(counts, 3, tokens=25, wall=0.5, base_tokens=25, base_wall=1.0)
+    s = vb.summary_from_counts(VLLM_COUNTS, 3, tokens=25, wall=0.5, base_tokens=25, base_wall=1.0)
     assert s["acceptance_rate"] == 0.5
     assert s["mean_accepted_length"] == 2.5
     assert s["per_position_acceptance"] == [0.8, 5 / 8, 2 / 5]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from board_rows import make_row
+from board_rows import VLLM_COUNTS, make_row
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import metrics
@@ -116,13 +116,9 @@ def test_a_row_without_an_echo_split_writes_no_echo_fields():
 
 
 def test_a_vllm_row_keeps_the_vllm_backends_fields_and_order():
-    counts = {
-        "num_drafts": 10,
-        "num_draft_tokens": 30,
-        "num_accepted_tokens": 15,
-        "accepted_per_pos": [8, 5, 2],
-    }
-    summary = summary_from_counts(counts, 3, tokens=25, wall=0.5, base_tokens=25, base_wall=1.0)
+    summary = summary_from_counts(
+        VLLM_COUNTS, 3, tokens=25, wall=0.5, base_tokens=25, base_wall=1.0
+    )
     row = LeaderboardRow(
         checkpoint="d",
         kind="independent",
