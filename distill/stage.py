@@ -42,8 +42,8 @@ def check_distill_settings(cfg: Config) -> None:
 def run_distill(cfg: Config) -> None:
     """Distill each kind in draft.kind per cfg.distill/cfg.draft; resumable, a no-op when finished.
 
-    Each kind trains into its own folder (DraftKind.checkpoints_dir: checkpoints/ for the
-    independent draft, <kind>/checkpoints/ for another). With distill.ce_baseline, each
+    Each kind trains into its own folder (DraftKind.checkpoints_dir: <its root>/checkpoints/,
+    the root "" for the registry's fallback kind). With distill.ce_baseline, each
     also trains a plain cross-entropy twin (same data, steps and init) next to it, in
     ablations/ce/, for the leaderboard's comparison.
     """

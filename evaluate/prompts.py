@@ -82,9 +82,9 @@ def list_drafts(
     evaluate.baselines.
 
     `kind` says which kind of draft it is (draftsmith/kinds/: how it is loaded and run;
-    baselines are independent drafts); `name` is unique across kinds (DraftKind.draft_name:
-    `<kind folder>-checkpoint-<step>` outside the independent kind's). `role` says what a draft is, for reports: "init"
-    (checkpoint-0), "distilled" (the configured loss), "ce_twin" (distill.ce_baseline) or
+    baselines are the registry's FALLBACK_KIND, plain causal LMs); `name` is unique across
+    kinds (DraftKind.draft_name: `<kind folder>-checkpoint-<step>` for a kind with a folder).
+    `role` says what a draft is, for reports: "init" (checkpoint-0), "distilled" (the configured loss), "ce_twin" (distill.ce_baseline) or
     "baseline" (evaluate.baselines); `trained_steps` how far this run trained it (None for
     a baseline). The baseline `target` is the target (`target`: its model ref) drafting
     for itself, role "sanity": it must accept every token, and it never ranks or exports.
