@@ -193,6 +193,8 @@ def _training(meta: dict | None, row: LeaderboardRow) -> str:
         return "none: the untrained initialisation ranked best"
     if role == "baseline":
         return "an external draft (evaluate.baselines), not trained by this run"
+    if meta is None:  # a row of no trained role (a script's): no checkpoint record to read
+        return "not trained by this run (no checkpoint record)"
     d = meta["settings"]["distill"]
     batch = f"batch {d['batch_size']} x {d['grad_accum_steps']} accumulation, lr {d['lr']}"
     teacher, more = kind_of(row).card_training(meta["settings"])
@@ -208,9 +210,9 @@ def _training(meta: dict | None, row: LeaderboardRow) -> str:
 
 
 def _init(meta: dict | None, row: LeaderboardRow) -> str:
-    if meta is None:  # not trained by this run: no record of its own
+    if row.role == "baseline":
         return "external (evaluate.baselines)"
-    return meta["init"]
+    return "not recorded (no checkpoint record)" if meta is None else meta["init"]
 
 
 def _comparisons(board: dict) -> str:

@@ -335,6 +335,8 @@ def test_export_has_the_targets_vocab_size_and_mean_padding_rows(pair, trained):
     ck = trained / "checkpoints" / "checkpoint-3"
     exported = _export(pair, trained, ck)
     assert json.loads((exported / "config.json").read_text())["vocab_size"] == TARGET_ROWS
+    card = (exported / "README.md").read_text()  # a row of no role: no record read, said so
+    assert "- training: not trained by this run (no checkpoint record)" in card
     src, dst = load_file(ck / "model.safetensors"), load_file(exported / "model.safetensors")
     emb = "model.embed_tokens.weight"
     assert torch.equal(dst[emb][:NUM_IDS], src[emb][:NUM_IDS])  # the trained rows as evaluated
