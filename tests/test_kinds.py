@@ -307,3 +307,16 @@ def test_independent_records_an_allow_list_of_draft_keys():
 
     cfg.draft.sections["medusa"] = {"heads": 4}  # a third kind's section beside eagle3's
     assert IndependentTraining().draft_settings(cfg) == recorded
+
+
+def test_a_config_loaded_alone_knows_every_built_in_kinds_section():
+    """A script that imports only draftsmith.config still reads draft.eagle3: the package
+    registers the built-in kinds (and so their sections) before any config loads."""
+    code = (
+        "from draftsmith.config import load_config\n"
+        "cfg = load_config('configs/tiny.yaml', ['draft.eagle3.ttt_steps=2'])\n"
+        "print(cfg.draft.section('eagle3').ttt_steps)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "2"
