@@ -72,13 +72,14 @@ def note_moved_run_config(config: str, cfg, overrides: list[str]) -> None:
 
 def cmd_stage(name: str, config: str, overrides: list[str]) -> int:
     from draftsmith.kinds import check_config
-    from draftsmith.models import pick_device
+    from draftsmith.models import check_cpu_bf16, pick_device
     from draftsmith.rundir import open_run_dir
 
     cfg = load_config(config, overrides)
     check_config(cfg)  # draft.kind's names and each kind's own keys, before anything is written
     note_moved_run_config(config, cfg, overrides)
-    pick_device(cfg.run.device)  # run.device=cuda without a GPU: before anything is written
+    # run.device=cuda without a GPU, bf16 by hand on a CPU without it: before anything is written
+    check_cpu_bf16(cfg, pick_device(cfg.run.device))
     stages = cfg.run.stages if name == "run" else [name]
     with open_run_dir(cfg):
         pipeline.preflight(cfg, stages)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.errors import DraftsmithError
+from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.gguf_models import GgufFile, build_from_gguf
 from draftsmith.io import atomic_dir, clean_stale_temps
 from draftsmith.packages import draftsmith_home
@@ -243,6 +243,26 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
         if line.startswith("flags"):
             flags.update(line.partition(":")[2].split())
     return any(f in flags for f in CPU_BF16_FLAGS)
+
+
+# The keys that set a model's matmul dtype outright (auto picks float32 on such a CPU itself).
+BF16_KEYS = ("target.dtype", "target.batch_dtype", "draft.dtype")
+
+
+def check_cpu_bf16(cfg, device: torch.device) -> None:
+    """bfloat16 set by hand on a CPU without native bf16 matmuls: one line naming the key.
+    torch would emulate it through fp32, slower than fp32 itself, so nothing falls back
+    silently; `auto` keeps float32 there (README, "bf16 on CPU")."""
+    if device.type != "cpu" or cpu_has_native_bf16():
+        return
+    for key in BF16_KEYS:
+        section, name = key.split(".")
+        if getattr(getattr(cfg, section), name) == "bfloat16":
+            raise ConfigError(
+                f"{key}: bfloat16, but this CPU has no native bf16 matmuls (no avx512_bf16 or "
+                "amx_bf16 in /proc/cpuinfo): torch would emulate it, slower than float32; "
+                f"set {key} to auto (float32 here) or float32"
+            )
 
 
 def batched_bf16(device: torch.device) -> bool:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from draftsmith import models
+from draftsmith.config import config_from_dict
 from draftsmith.errors import DraftsmithError
 
 
@@ -146,3 +149,25 @@ def test_smollm2_pull_matches_gguf_and_chats(tmp_path, monkeypatch):
     assert torch.equal(out_ref, out_saved)
     text = tok.decode(out_saved[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in text
+
+
+@pytest.mark.parametrize("key", ["target.dtype", "target.batch_dtype", "draft.dtype"])
+def test_bf16_by_hand_on_a_cpu_without_it_is_one_line_before_the_run_dir(
+    tmp_path, monkeypatch, capsys, key
+):
+    from draftsmith.cli import main
+
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda cpuinfo=None: False)
+    out = tmp_path / "run"
+    tiny = str(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml")
+    rc = main(["distill", tiny, f"run.output_dir={out}", "run.device=cpu", f"{key}=bfloat16"])
+    assert rc == 2 and not out.exists()
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"draftsmith: error: {key}: bfloat16, but this CPU has no native bf16 matmuls (no "
+        "avx512_bf16 or amx_bf16 in /proc/cpuinfo): torch would emulate it, slower than "
+        f"float32; set {key} to auto (float32 here) or float32"
+    )
+    cfg = config_from_dict({"target": {"dtype": "auto", "batch_dtype": "auto"}})
+    models.check_cpu_bf16(cfg, torch.device("cpu"))  # auto never asks for it
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda cpuinfo=None: True)
+    models.check_cpu_bf16(config_from_dict({"draft": {"dtype": "bfloat16"}}), torch.device("cpu"))
