@@ -23,10 +23,9 @@ from draftsmith.schema import (
     apply_override,
     bounds,
     build,
-    coerce,
+    open_sections,
     parse_override,
     read_yaml,
-    suggest,
 )
 
 # The distillation losses: the one list of their names (distill/losses.py reads it as LOSSES).
@@ -90,9 +89,13 @@ class DraftConfig:
     intermediate_size: int | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # Each kind's own section, draft.<kind name> (KIND_SECTIONS), with its defaults where the
-    # YAML leaves it out. Not a key itself: config_from_dict fills it, config_to_dict
-    # writes each section back under its own name.
-    sections: dict[str, Any] = field(default_factory=default_kind_sections, init=False)
+    # YAML leaves it out. Not a key itself: the schema reads each section into it, and
+    # config_to_dict writes each back under its own name.
+    sections: dict[str, Any] = field(
+        default_factory=default_kind_sections,
+        init=False,
+        metadata=open_sections(lambda: KIND_SECTIONS),
+    )
 
     @property
     def kinds(self) -> list[str]:
@@ -429,27 +432,9 @@ def _check_score_source(cfg: Config, src: PromptSource, i: int) -> None:
 
 
 def config_from_dict(raw: dict) -> Config:
-    raw, given = _split_kind_sections(raw)
     cfg = build(Config, raw, "")
-    for name, value in given.items():
-        cfg.draft.sections[name] = coerce(value, KIND_SECTIONS[name], f"draft.{name}")
     _check_cross_fields(cfg)
     return cfg
-
-
-def _split_kind_sections(raw: dict) -> tuple[dict, dict]:
-    """(raw without the draft.<kind> sections, those sections): the schema knows only the
-    fixed keys, each kind's dataclass its own. A near miss of either is named as one."""
-    draft = raw.get("draft")
-    if not isinstance(draft, dict):
-        return raw, {}
-    keys = [f.name for f in dataclasses.fields(DraftConfig) if f.init] + list(KIND_SECTIONS)
-    for name in draft:
-        if name not in keys:
-            raise ConfigError(f"draft.{name}: unknown key{suggest(str(name), keys, 'draft')}")
-    given = {name: draft[name] for name in KIND_SECTIONS if name in draft}
-    rest = {name: value for name, value in draft.items() if name not in given}
-    return raw | {"draft": rest}, given
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:

@@ -18,7 +18,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -118,20 +118,36 @@ def check_bounds(value: Any, limits: dict, key: str) -> None:
             raise ConfigError(f"{key}: must be {sym} {bound}, got {value!r}")
 
 
+def open_sections(provider: Callable[[], dict[str, type]]) -> dict:
+    """A dataclass field's metadata: an open set of sub-sections, {name: dataclass} from
+    `provider` when a config is built; build() reads each `<prefix>.<name>` into the field's
+    dict (an init=False field whose default already holds every section's defaults)."""
+    return {"sections": provider}
+
+
 def build(cls: type, raw: dict, prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     # init=False fields are filled by the code, never given by a key
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    holder = next((f for f in dataclasses.fields(cls) if "sections" in f.metadata), None)
+    extra = holder.metadata["sections"]() if holder else {}  # {name: dataclass}
     raw = rename_keys(cls, raw, prefix)
-    kwargs = {}
+    kwargs, given = {}, {}
     for name, value in raw.items():
         key = f"{prefix}.{name}" if prefix else str(name)
+        if name in extra:
+            given[name] = coerce(value, extra[name], key)
+            continue
         if name not in fields:
-            raise ConfigError(f"{key}: unknown key{suggest(str(name), fields, prefix)}")
+            keys = [*fields, *extra]
+            raise ConfigError(f"{key}: unknown key{suggest(str(name), keys, prefix)}")
         value = coerce(value, hints[name], key)
         check_bounds(value, fields[name].metadata.get("bounds", {}), key)
         kwargs[name] = value
-    return cls(**kwargs)
+    obj = cls(**kwargs)
+    if holder:
+        getattr(obj, holder.name).update(given)
+    return obj
 
 
 def rename_keys(cls: type, raw: dict, prefix: str) -> dict:
