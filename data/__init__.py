@@ -75,10 +75,10 @@ def load_eval_prompts(output_dir: str | Path) -> list[dict]:
     is named as a damaged file)."""
     path = _need(Path(output_dir) / "data" / "eval_prompts.jsonl")
     prompts = checked_read_jsonl(path, regenerate_hint(output_dir))
-    for i, p in enumerate(prompts):
-        missing = [k for k in EVAL_PROMPT_KEYS if k not in p] if isinstance(p, dict) else ["id"]
+    for i, p in enumerate(prompts, 1):
+        if not isinstance(p, dict):
+            raise corrupt_file(path, f"line {i} is not a JSON object", regenerate_hint(output_dir))
+        missing = [k for k in EVAL_PROMPT_KEYS if k not in p]
         if missing:
-            raise corrupt_file(
-                path, f"line {i + 1} has no {missing[0]!r}", regenerate_hint(output_dir)
-            )
+            raise corrupt_file(path, f"line {i} has no {missing[0]!r}", regenerate_hint(output_dir))
     return prompts

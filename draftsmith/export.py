@@ -244,7 +244,7 @@ def _eval_sets(board: dict, checkpoint: str) -> str:
     for row in ranking_rows(board["rows"]):
         if row.checkpoint != checkpoint:
             continue
-        name = row.eval_set or "held-out prompts"
+        name = row.eval_set
         primary = " (primary)" if name == board.get("primary_eval_set") else ""
         cats = "\n".join(
             f"| {c} | {_fmt(v.acceptance_rate)} | {_fmt(v.alpha)} | "
@@ -289,7 +289,7 @@ changes speed.
 ## Data
 {_data_summary(cfg)}
 
-## Measured on {row.eval_set or "held-out prompts"} by {_by(row)}
+## Measured on {row.eval_set} by {_by(row)}
 Measured on: {board.get("hardware", platform.platform())}, {row.num_prompts} prompts,
 k = {row.num_speculative_tokens}, temperature {row.temperature}.
 
