@@ -71,6 +71,7 @@ def note_moved_run_config(config: str, cfg, overrides: list[str]) -> None:
 
 
 def cmd_stage(name: str, config: str, overrides: list[str]) -> int:
+    from draftsmith.int8_draft import check_int8_available
     from draftsmith.kinds import check_config
     from draftsmith.models import check_cpu_bf16, pick_device
     from draftsmith.rundir import open_run_dir
@@ -78,8 +79,12 @@ def cmd_stage(name: str, config: str, overrides: list[str]) -> int:
     cfg = load_config(config, overrides)
     check_config(cfg)  # draft.kind's names and each kind's own keys, before anything is written
     note_moved_run_config(config, cfg, overrides)
-    # run.device=cuda without a GPU, bf16 by hand on a CPU without it: before anything is written
-    check_cpu_bf16(cfg, pick_device(cfg.run.device))
+    # run.device=cuda without a GPU, bf16 by hand on a CPU without it, int8 drafts off CPU:
+    # before anything is written
+    device = pick_device(cfg.run.device)
+    check_cpu_bf16(cfg, device)
+    if cfg.evaluate.draft_int8:
+        check_int8_available(device)
     stages = cfg.run.stages if name == "run" else [name]
     with open_run_dir(cfg):
         pipeline.preflight(cfg, stages)

@@ -284,6 +284,10 @@ class EvaluateConfig:
     # (draftsmith/fast_linear.py). auto: time both on the target, per forward width, once per
     # run and machine (evaluate/timing.py choose_few_rows); true/false: always/never.
     cpu_few_row_linear: bool | Literal["auto"] = "auto"
+    # Native engine on CPU: decode the draft with int8 weights (per output row; activations
+    # bf16; draftsmith/int8_draft.py). The target is untouched, so output stays the target's;
+    # acceptance and the draft's cost are measured with the int8 draft (README: int8 draft).
+    draft_int8: bool = False
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
@@ -370,6 +374,11 @@ def _check_cross_fields(cfg: Config) -> None:
             raise ConfigError(
                 f"evaluate.stop_thresholds[{i}]: a probability strictly between 0 and 1, got {t}"
             )
+    if cfg.evaluate.draft_int8 and cfg.evaluate.backend != "native":
+        raise ConfigError(
+            "evaluate.draft_int8: int8 draft weights are the native CPU engine's; vLLM decodes "
+            "the draft as exported (set it to false with evaluate.backend vllm)"
+        )
     for i, src in enumerate(cfg.data.sources):
         given = [n for n in ("builtin", "path", "hub") if getattr(src, n)]
         if len(given) != 1:

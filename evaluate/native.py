@@ -37,6 +37,7 @@ from draftsmith.evaluate.ranking import (
 )
 from draftsmith.evaluate.records import DraftEntry
 from draftsmith.fast_linear import few_row_counts
+from draftsmith.int8_draft import int8_draft
 from draftsmith.io import atomic_write_json, kill_hook
 from draftsmith.kinds import kind_of
 from draftsmith.models import (
@@ -179,9 +180,15 @@ class NativeEvaluator:
         self._draft_cache: dict[str, object] = {}
         self._passes: dict[tuple, list[dict]] = {}
         self.kernels: dict | None = None  # evaluate.cpu_few_row_linear's choice (few_rows)
+        self.int8: dict[str, dict] = {}  # evaluate.draft_int8: per draft, int8_draft's choice
 
     def settings(self, prompts: list[dict]) -> dict:
         return run_settings(self.cfg, prompts, self.target_path)
+
+    def draft_settings(self, draft: DraftEntry) -> dict:
+        """What identifies a draft's results: its content, and the int8 rounding of its
+        weights (evaluate.draft_int8 changes its proposals and its cost, not the target's)."""
+        return {"draft": fingerprint(draft.ref), "draft_int8": self.cfg.evaluate.draft_int8}
 
     def _cached(self, path: Path, settings: dict, make) -> dict:
         """The file's data when its settings match, else make() written there (atomically)."""
@@ -246,7 +253,14 @@ class NativeEvaluator:
     def draft_model(self, draft: DraftEntry):
         """The module `draft`'s kind runs (an HF model, or a head on the target)."""
         if draft.name not in self._draft_cache:  # keep one draft loaded
-            self._draft_cache = {draft.name: kind_of(draft).load(draft, self.models)}
+            module = kind_of(draft).load(draft, self.models)
+            if self.cfg.evaluate.draft_int8:
+                self.int8[draft.name] = info = int8_draft(module, self.models.target())
+                print(
+                    f"[evaluate] {draft.name}: {info['layers']} linear layers decode with int8 "
+                    f"weights at input widths {info['int8_widths'] or 'none (timed slower here)'}"
+                )
+            self._draft_cache = {draft.name: module}
         return self._draft_cache[draft.name]
 
     # -- the target alone -------------------------------------------------------------------
@@ -276,7 +290,7 @@ class NativeEvaluator:
             return self._passes[key]
         settings = {
             **self.settings(prompts),
-            "draft": fingerprint(draft.ref),
+            **self.draft_settings(draft),
             "replay": kind.name,
         }
         suffix = ""
@@ -326,7 +340,7 @@ class NativeEvaluator:
     ):
         """{"lossless_match_rate", "results"} of `draft` at k on these prompts (cached);
         `stop_below`: dynamic lookahead (engine.DraftContext.stop_below)."""
-        settings = {**self.settings(prompts), "draft": fingerprint(draft.ref), "k": k}
+        settings = {**self.settings(prompts), **self.draft_settings(draft), "k": k}
         t = self.cfg.evaluate.temperature
         stop = ""
         if stop_below is not None:
@@ -406,7 +420,7 @@ class NativeEvaluator:
         ev = self.cfg.evaluate
         settings = {
             **self.settings(prompts),
-            "draft": fingerprint(draft.ref),
+            **self.draft_settings(draft),
             "ks": sorted(set(ks)),
             "repeats": ev.cost_repeats,
         }

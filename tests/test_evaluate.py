@@ -717,3 +717,17 @@ def test_bf16_broken_verifier_still_fails(run_dir, monkeypatch):
     monkeypatch.setattr(engine, "greedy_accept", off_by_one)
     with pytest.raises(DraftsmithError, match=r"beyond the near-tie tolerance 0\.0884"):
         run_evaluate(_bf16(run_dir))
+
+
+def test_draft_int8_decodes_every_draft_in_int8_and_stays_lossless(run_dir, capsys):
+    run_evaluate(_cfg(run_dir, draft_int8=True))
+    board, out = _board(run_dir), capsys.readouterr().out
+    assert board["draft_int8"] is True
+    assert set(board["int8_widths"]) == {"checkpoint-0", "checkpoint-4", "checkpoint-8"}
+    engine = _by(board, "engine")
+    assert engine and all(r["lossless_match_rate"] == 1.0 for r in engine.values())
+    for name in ("checkpoint-0", "checkpoint-4", "checkpoint-8"):
+        assert f"[evaluate] {name}: " in out and "linear layers decode with int8 weights at" in out
+    cached = [json.loads(p.read_text()) for p in (run_dir / "eval" / "results").glob("*.json")]
+    drafts = [c["settings"] for c in cached if "draft" in c["settings"]]
+    assert drafts and all(s["draft_int8"] is True for s in drafts)
