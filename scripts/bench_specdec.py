@@ -24,6 +24,10 @@ transformers' assisted generation at every k and with each threshold as its own
 assistant_confidence_threshold. Decoders are interleaved prompt by prompt (the order
 rotated each prompt), every output is checked token-identical to native target-only, and
 each decoder's best setting is compared with the other's best, per set and pooled.
+
+--draft-int8: the native engine drafts with int8 weights (evaluate.draft_int8,
+draftsmith/int8_draft.py), and transformers' assisted generation runs at every setting with
+both the int8 draft and the draft as loaded, so each decoder is compared at its own best.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from draftsmith.config import TargetConfig
 from draftsmith.evaluate import metrics
 from draftsmith.evaluate.engine import SpeculativeDecoder
 from draftsmith.evaluate.ranking import near_tie_tolerance, target_tie_gap
+from draftsmith.int8_draft import int8_draft
 from draftsmith.kinds.independent.export import fixed_k_assistant
 from draftsmith.models import (
     eos_token_ids,
@@ -135,13 +140,17 @@ def choose_kernels(target, args) -> list[int]:
     return choose_few_rows(target, context, widths, repeats=5)["few_rows"]
 
 
-def decoders(target, draft, args, eos, pad):
-    """{name: fn(prompt_ids) -> (tokens, seconds, result dict or None)}: every setting."""
+def decoders(target, draft, args, eos, pad, draft8=None):
+    """{name: fn(prompt_ids) -> (tokens, seconds, result dict or None)}: every setting.
+    With `draft8` (--draft-int8) the native engine drafts with it, and transformers'
+    assisted generation runs with both drafts (each decoder at its own best)."""
+    native_draft = draft8 if draft8 is not None else draft
+    tag = "native int8" if draft8 is not None else "native"
 
     def native(k=0, stop=None, use_draft=True):
         dec = SpeculativeDecoder(
             target,
-            draft if use_draft else None,
+            native_draft if use_draft else None,
             k=k,
             eos_ids=eos,
             few_row_linear=args.few_row,
@@ -155,7 +164,7 @@ def decoders(target, draft, args, eos, pad):
 
         return run
 
-    def hf(k=0, stop=0.0, use_draft=True):
+    def hf(k=0, stop=0.0, use_draft=True, assistant=draft):
         def run(ids):
             kw = dict(
                 max_new_tokens=args.max_new_tokens,
@@ -164,10 +173,10 @@ def decoders(target, draft, args, eos, pad):
                 pad_token_id=pad,
             )
             if use_draft:
-                draft.generation_config.update(
+                assistant.generation_config.update(
                     **{**fixed_k_assistant(k), "assistant_confidence_threshold": stop}
                 )
-                kw.update(assistant_model=draft)
+                kw.update(assistant_model=assistant)
             start = time.perf_counter()
             with torch.inference_mode():
                 out = target.generate(torch.tensor([ids], device=target.device), **kw)
@@ -177,11 +186,17 @@ def decoders(target, draft, args, eos, pad):
 
     k_max = max(args.ks)
     out = {"native target-only": native(use_draft=False), "HF plain": hf(use_draft=False)}
-    out |= {f"native k={k}": native(k) for k in args.ks}
-    out |= {f"native k<={k_max} stop<{t:g}": native(k_max, t) for t in args.thresholds}
-    out |= {f"HF assisted k={k}": hf(k) for k in args.ks}
-    out |= {f"HF assisted k<={k_max} stop<{t:g}": hf(k_max, t) for t in args.thresholds}
+    out |= {f"{tag} k={k}": native(k) for k in args.ks}
+    out |= {f"{tag} k<={k_max} stop<{t:g}": native(k_max, t) for t in args.thresholds}
+    assistants = {"HF assisted": draft} | ({"HF assisted int8": draft8} if draft8 else {})
+    for label, a in assistants.items():
+        out |= {f"{label} k={k}": hf(k, assistant=a) for k in args.ks}
+        out |= {f"{label} k<={k_max} stop<{t:g}": hf(k_max, t, assistant=a) for t in args.thresholds}
     return out
+
+
+def is_native_spec(name: str) -> bool:
+    return name.startswith("native") and name != "native target-only"
 
 
 FP32_REF = "fp32 target-only (reference)"
@@ -204,8 +219,8 @@ def check_same(target, prompt_ids, ref, toks, where: str, ties: dict) -> None:
     ties[name] = ties.get(name, 0) + 1
 
 
-def sweep(target, draft, tok, args, eos, fp32=None) -> None:
-    runs = decoders(target, draft, args, eos, tok.pad_token_id)
+def sweep(target, draft, tok, args, eos, fp32=None, draft8=None) -> None:
+    runs = decoders(target, draft, args, eos, tok.pad_token_id, draft8)
     if (
         fp32 is not None
     ):  # timed like the others; its tokens may differ from the low-precision target's
@@ -296,7 +311,7 @@ def report_sweep(sets, names, seconds, tokens, results) -> None:
                     model = m["modelled_speedup_verify"]
                     extra += f", modelled {model:.2f}x (measured/modelled {tps / base / model:.2f})"
             print(f"  {n:28s} {tps:6.2f} tokens/s  {tps / base:5.2f}x{extra}")
-        best_native = max((n for n in names if n.startswith("native k")), key=lambda n: -secs[n])
+        best_native = max((n for n in names if is_native_spec(n)), key=lambda n: -secs[n])
         best_hf = max((n for n in names if n.startswith("HF assisted")), key=lambda n: -secs[n])
         print(
             f"  best native ({best_native}) / best HF assisted ({best_hf}): "
@@ -328,6 +343,12 @@ def main() -> None:
         "copy of the target (its tokens may differ: counted, not required equal)",
     )
     ap.add_argument(
+        "--draft-int8",
+        action="store_true",
+        help="sweep mode: the native engine drafts with int8 weights (evaluate.draft_int8); "
+        "transformers' assisted generation runs with the int8 and the as-loaded draft",
+    )
+    ap.add_argument(
         "--dtype",
         default="float32",
         choices=["float32", "bfloat16", "float16"],
@@ -349,7 +370,17 @@ def main() -> None:
         fp32 = None
         if args.fp32_reference and dtype != torch.float32:
             fp32 = load_target(target_cfg, device, torch.float32)
-        return sweep(target, draft, tok, args, eos, fp32)
+        draft8 = None
+        if args.draft_int8:
+            draft8 = copy.deepcopy(draft)
+            info = int8_draft(draft8, target)
+            print(
+                f"--draft-int8: {info['layers']} linear layers of the draft in int8 at input "
+                f"widths {info['int8_widths']} (timed here: {info['ms']})"
+            )
+        return sweep(target, draft, tok, args, eos, fp32, draft8)
+    if args.draft_int8:
+        raise SystemExit("--draft-int8: sweep mode only (give --sets)")
     if args.draft == "target":
         draft, name = target, "target itself (perfect draft)"
     elif args.draft:
