@@ -209,6 +209,16 @@ def _training(meta: dict | None, row: LeaderboardRow) -> str:
     )
 
 
+def _int8_note(board: dict) -> str:
+    """The card says when the numbers are those of the draft decoded with int8 weights."""
+    if not board.get("draft_int8"):
+        return ""
+    return (
+        "\nThe draft was decoded with int8 weights (evaluate.draft_int8): acceptance and cost "
+        "are the int8 draft's; the exported weights are the full-precision ones."
+    )
+
+
 def _init(meta: dict | None, row: LeaderboardRow) -> str:
     if row.role == "baseline":
         return "external (evaluate.baselines)"
@@ -291,7 +301,7 @@ changes speed.
 
 ## Measured on {row.eval_set} by {_by(row)}
 Measured on: {board.get("hardware", platform.platform())}, {row.num_prompts} prompts,
-k = {row.num_speculative_tokens}, temperature {row.temperature}.
+k = {row.num_speculative_tokens}, temperature {row.temperature}.{_int8_note(board)}
 
 | metric | value |
 |---|---|

@@ -125,3 +125,15 @@ def test_export_takes_the_primary_sets_engine_row_and_the_card_shows_every_set(c
     assert "| math | 0.111 |" in sets and "0.333" not in sets  # this draft's rows only
     assert "recommended k = 2, by the modelled speedup" in card
     assert "the spread is too wide to rank it above k=1" in card
+
+
+def test_the_card_says_when_the_draft_was_measured_in_int8(cfg, tmp_path):
+    from draftsmith.export import choose_row, model_card
+
+    row = choose_row(BOARD, None)
+    note = "The draft was decoded with int8 weights (evaluate.draft_int8)"
+    plain = model_card(cfg, BOARD, row, 2, tmp_path / "export", _record("forward_kl"))
+    int8 = model_card(
+        cfg, {**BOARD, "draft_int8": True}, row, 2, tmp_path / "export", _record("forward_kl")
+    )
+    assert note not in plain and note in int8
