@@ -56,8 +56,7 @@ class Int8WeightLinear(torch.nn.Module):
         self.register_buffer("weight_int8", q)  # (out, in)
         self.register_buffer("scale", scale.to(torch.bfloat16))  # (out,)
         # the rounded weights as floats, for wide inputs
-        deq = (q.float() * self.scale.float()[:, None]).to(linear.weight.dtype)
-        self.register_buffer("weight_float", deq)  # (out, in)
+        self.register_buffer("weight_float", self.dequantized().to(linear.weight.dtype))
         bias = None if linear.bias is None else linear.bias.detach().clone()
         self.register_buffer("bias", bias)
 

@@ -240,5 +240,5 @@ def native_board(cfg: Config, sets: dict, primary: str, drafts: list[DraftEntry]
         "costs": costs,
         "comparisons": comparisons,
         "kernels": runner.kernels,
-        "draft_int8": runner.int8 or None,
+        "int8_widths": runner.int8 or None,
     }

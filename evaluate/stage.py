@@ -159,7 +159,7 @@ def run_evaluate(cfg: Config) -> None:
         "kernels": out.get("kernels"),  # which few-row matmul form the engine used, and why
         "draft_int8": ev.draft_int8 and ev.backend == "native",  # drafts decoded in int8
         # per draft loaded by this run: its int8 layers and the input widths timed faster in int8
-        "int8_widths": out.get("draft_int8"),
+        "int8_widths": out.get("int8_widths"),
         "hardware": hardware(),
         "target": cfg.target.model,
         "backend": ev.backend,
