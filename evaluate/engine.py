@@ -70,6 +70,9 @@ class DecodeResult:
     target_1tok_n: int = 0
     target_verify_time: float = 0.0  # summed seconds of (k+1)-token verify forwards
     target_verify_n: int = 0
+    # the prompt's prefills: paid once per request, outside the per-round cost model
+    target_prefill_time: float = 0.0
+    draft_prefill_time: float = 0.0
     wall_time: float = 0.0  # whole call, prefill included
     stop_reason: str = "length"  # "eos" | "length"
 
@@ -370,11 +373,11 @@ class SpeculativeDecoder:
         gen = torch.Generator(device=self.device).manual_seed(seed)
         res = DecodeResult(tokens=[], k=self.k, accepted_at=[0] * self.k, reached_at=[0] * self.k)
         t_cache = new_cache(self.target)
-        hidden = self._prefill(t_cache, prompt)
+        hidden, res.target_prefill_time = timed(lambda: self._prefill(t_cache, prompt), self._sync)
         prop = self.proposer
         if prop is not None:
             ctx = DraftContext(self.vocab, self.sampling, self.device, self._sync, self.stop_below)
-            prop.prefill(ctx, prompt, hidden)
+            _, res.draft_prefill_time = timed(lambda: prop.prefill(ctx, prompt, hidden), self._sync)
 
         seq = prompt  # committed tokens; the target's cache holds seq[:-1]
         done = False

@@ -89,6 +89,23 @@ def modelled_speedup(
     return expected_tokens_per_round(a, k) / (k * c + verify_cost)
 
 
+def modelled_request_speedup(
+    steady: float | None,
+    tokens: int,
+    target_step_s: float | None,
+    target_prefill_s: float | None,
+    draft_prefill_s: float | None,
+) -> float | None:
+    """The per-round model carried over whole requests: prefills are paid once per request,
+    the draft's own among them, and do not speed up. Over prompts (sums):
+    (P_t + N t) / (P_t + P_d + N t / steady), N tokens, t one target step, P_t and P_d the
+    target's and the draft's prompt prefills."""
+    if None in (steady, target_step_s, target_prefill_s, draft_prefill_s) or not steady:
+        return None
+    decode = tokens * target_step_s
+    return (target_prefill_s + decode) / (target_prefill_s + draft_prefill_s + decode / steady)
+
+
 def _sum(results: Iterable[dict], key: str) -> float:
     return sum(r[key] for r in results)
 
@@ -100,6 +117,11 @@ def _sum_lists(results: Sequence[dict], key: str) -> list[int]:
         for i, v in enumerate(r[key]):
             out[i] += v
     return out
+
+
+def _sum_recorded(results: Sequence[dict], key: str) -> float | None:
+    """The sum of a field that results cached before it was recorded lack: None then."""
+    return sum(r[key] for r in results) if all(key in r for r in results) else None
 
 
 def _tokens_per_s(results: Sequence[dict]) -> float | None:
@@ -135,6 +157,15 @@ def summarize(
         _sum(target_only, "target_1tok_time"),
         base_n,
     )
+    steady = modelled_speedup(a, k, c, v) if v is not None else None
+    step_s = _ratio(_sum(target_only, "target_1tok_time"), base_n) if base_n else None
+    request = modelled_request_speedup(
+        steady,
+        tokens,
+        step_s,
+        _sum_recorded(target_only, "target_prefill_time"),
+        _sum_recorded(spec, "draft_prefill_time"),
+    )
     return {
         "num_prompts": len(spec),
         "tokens_generated": tokens,
@@ -151,7 +182,7 @@ def summarize(
         "draft_cost_ratio": c,
         "verify_cost_ratio": v,
         "modelled_speedup": modelled_speedup(a, k, c),
-        "modelled_speedup_verify": modelled_speedup(a, k, c, v) if v is not None else None,
+        "modelled_speedup_verify": steady,
         "draft_forward_ms": 1e3 * _ratio(_sum(spec, "draft_1tok_time"), draft_n)
         if draft_n
         else None,
@@ -161,6 +192,7 @@ def summarize(
         "target_verify_ms": (
             1e3 * _ratio(_sum(spec, "target_verify_time"), verify_n) if verify_n else None
         ),
+        "modelled_speedup_request": request,
         **echo_split(spec, prompt_ids),
     }
 

@@ -150,6 +150,8 @@ def costed_sweep_entry(
     # check of the formula against this wall clock, apart from any drift between the timed
     # costs and the run, or between the engine's prompts and the whole set.
     entry["modelled_speedup_in_run"] = engine.modelled_speedup_verify if engine else None
+    # ... and with the run's prompt prefills (the draft's own among them) counted
+    entry["modelled_request_in_run"] = engine.modelled_speedup_request if engine else None
     model = modelled_quartiles(acceptance.alpha, k, costs) if costs else None
     if model is not None:
         plain, verify = model

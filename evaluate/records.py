@@ -125,6 +125,7 @@ class MetricSummary:
     draft_forward_ms: float | None = None
     target_forward_ms: float | None = None
     target_verify_ms: float | None = None
+    modelled_speedup_request: float | None = None  # prefills counted (metrics)
     echo: EchoSplit | None = None
 
     # the order metrics.summarize writes
@@ -148,6 +149,7 @@ class MetricSummary:
         "draft_forward_ms",
         "target_forward_ms",
         "target_verify_ms",
+        "modelled_speedup_request",
     )
     # vllm_backend.summary_from_counts' order; a vLLM category adds num_prompts last
     VLLM_KEYS = (*NATIVE_KEYS[1:16], "num_prompts")

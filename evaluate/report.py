@@ -183,6 +183,8 @@ def format_sweep(board: dict) -> list[str]:
         ]
         if s.get("modelled_speedup_in_run") is not None:  # same prompts, the run's own forwards
             parts.append(f"in-run model {s['modelled_speedup_in_run']:.2f}x")
+        if s.get("modelled_request_in_run") is not None:  # ... with the prompt prefills
+            parts.append(f"with prefills {s['modelled_request_in_run']:.2f}x")
         lines.append("  " + ", ".join(parts))
     return lines
 

@@ -310,6 +310,9 @@ def report_sweep(sets, names, seconds, tokens, results) -> None:
                 if "stop<" not in n:  # the cost model is for a fixed k
                     model = m["modelled_speedup_verify"]
                     extra += f", modelled {model:.2f}x (measured/modelled {tps / base / model:.2f})"
+                    request = m["modelled_speedup_request"]
+                    if request:  # the same model with the prompts' prefills counted
+                        extra += f", with prefills {request:.2f}x ({tps / base / request:.2f})"
             print(f"  {n:28s} {tps:6.2f} tokens/s  {tps / base:5.2f}x{extra}")
         best_native = max((n for n in names if is_native_spec(n)), key=lambda n: -secs[n])
         best_hf = max((n for n in names if n.startswith("HF assisted")), key=lambda n: -secs[n])

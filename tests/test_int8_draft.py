@@ -67,12 +67,14 @@ def test_speculative_output_with_an_int8_draft_is_the_targets_own():
     assert info["layers"] > 0
     prompt = [5, 9, 14, 3, 22]
     base = SpeculativeDecoder(target, eos_ids=set()).generate(prompt, 24)
+    assert base.target_prefill_time > 0 and base.draft_prefill_time == 0  # no draft, no prefill
     for widths in (set(range(1, 9)), set()):  # every step int8, then none (timed choice aside)
         for m in draft.modules():
             if isinstance(m, Int8WeightLinear):
                 m.int8_widths = widths
         spec = SpeculativeDecoder(target, draft, k=3, eos_ids=set()).generate(prompt, 24)
         assert spec.tokens == base.tokens
+        assert spec.target_prefill_time > 0 and spec.draft_prefill_time > 0  # the request model's
         # the rounded perfect draft keeps proposing the target's tokens: most are accepted
         assert spec.accepted > spec.proposed // 2 and spec.target_forwards < len(spec.tokens)
 

@@ -40,6 +40,17 @@ def test_modelled_speedup_closed_form():
     assert m.modelled_speedup(0.5, 2, 0.25, verify_cost=1.5) == pytest.approx(0.875 / 1.0)
 
 
+def test_modelled_request_speedup_closed_form():
+    # no prefills: the per-round model itself
+    assert m.modelled_request_speedup(2.0, 100, 0.2, 0.0, 0.0) == pytest.approx(2.0)
+    # 64 tokens x 0.2 s = 12.8 s of decoding at 3x, prefills 0.5 s (target) and 0.2 s (draft):
+    # (0.5 + 12.8) / (0.5 + 0.2 + 12.8 / 3)
+    assert m.modelled_request_speedup(3.0, 64, 0.2, 0.5, 0.2) == pytest.approx(
+        13.3 / (0.7 + 12.8 / 3)
+    )
+    assert m.modelled_request_speedup(3.0, 64, 0.2, None, 0.2) is None
+
+
 def test_alpha_counts_verified_drafts_only():
     # k=4, four rounds accepting 0, 1, 2 and 4 drafts.
     # verified positions: 1 (reject at 1), 2 (accept 1, reject 2), 3, 4 -> 10; accepted 7.
@@ -111,6 +122,15 @@ def test_summarize_hand_computed():
     assert s["verify_cost_ratio"] == pytest.approx(0.3 / 0.2)  # mean verify / mean 1-token
     # the same with v = 1.5: 0.784 / (0.4 x (0.1 + 1.5))
     assert s["modelled_speedup_verify"] == pytest.approx(0.784 / 0.64)
+    assert s["modelled_speedup_request"] is None  # no prefill timers recorded: no figure
+    for r, pre in zip(spec + base, (0.05, 0.03, 0.2, 0.1)):  # draft prefills, target prefills
+        r["draft_prefill_time" if r in spec else "target_prefill_time"] = pre
+    for r in spec:
+        r["target_prefill_time"] = 99.0  # the spec run's own target prefill is not read
+    s = m.summarize(spec, base, k=2)
+    # P_t 0.3, P_d 0.08, 6 tokens x t 0.2 = 1.2 of decoding at 0.784 / 0.64 steady:
+    # (0.3 + 1.2) / (0.3 + 0.08 + 1.2 x 0.64 / 0.784)
+    assert s["modelled_speedup_request"] == pytest.approx(1.5 / (0.38 + 1.2 * 0.64 / 0.784))
     cats = m.per_category(spec, base, ["x", "y"], k=2)
     assert cats["x"]["acceptance_rate"] == 0.5 and cats["y"]["acceptance_rate"] == 0.5
     assert cats["y"]["mean_accepted_length"] == 2.0 and cats["x"]["num_prompts"] == 1
