@@ -191,7 +191,9 @@ def decoders(target, draft, args, eos, pad, draft8=None):
     assistants = {"HF assisted": draft} | ({"HF assisted int8": draft8} if draft8 else {})
     for label, a in assistants.items():
         out |= {f"{label} k={k}": hf(k, assistant=a) for k in args.ks}
-        out |= {f"{label} k<={k_max} stop<{t:g}": hf(k_max, t, assistant=a) for t in args.thresholds}
+        out |= {
+            f"{label} k<={k_max} stop<{t:g}": hf(k_max, t, assistant=a) for t in args.thresholds
+        }
     return out
 
 

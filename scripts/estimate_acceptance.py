@@ -1,7 +1,7 @@
 """Greedy acceptance of drafts from one teacher-forced replay: an evaluation in seconds.
 
     python scripts/estimate_acceptance.py RUN_DIR [CHECKPOINT_DIR ...] [--k 4]
-        [--max-new-tokens 64] [--set mtbench ...] [--prompts FILE.jsonl]
+        [--max-new-tokens 64] [--set mtbench ...] [--prompts FILE.jsonl] [--draft-int8]
 
 Greedy speculative decoding only ever extends the target's own output, so whether a draft
 token is accepted is fixed by one question per position: does the draft's argmax, given
@@ -16,6 +16,10 @@ so speedup still needs `draftsmith evaluate`. Prompts: each of the run's eval se
 jsonl of {"id", "category", "prompt_ids"}. Every draft after the first also gets its alpha
 difference from the first, overall and per category, with 95% paired-bootstrap intervals
 over the prompts. Without CHECKPOINT_DIRs: every checkpoint of the run and its CE twin.
+--draft-int8 replays each draft a second time with its weights rounded to int8
+(evaluate.draft_int8) and pairs that against the same draft as loaded: what the rounding
+costs in acceptance. (The replay's inputs are wide, so the rounded weights run as floats;
+the engine's int8 kernel multiplies by the same rounded weights.)
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from draftsmith.evaluate import metrics
 from draftsmith.evaluate.native import Models, NativeEvaluator
 from draftsmith.evaluate.prompts import eval_sets, load_prompts
 from draftsmith.evaluate.records import DraftEntry
+from draftsmith.int8_draft import int8_draft
 from draftsmith.kinds import KINDS, checkpoint_kind, teacher_forced_results
 from draftsmith.models import load_target_config
 
@@ -58,9 +63,11 @@ def checkpoints_of(run: Path) -> list[Path]:
     ]
 
 
-def report(path: Path, rows: list[dict], prompts: list[dict], k: int, first, seed: int) -> None:
-    """Two lines per draft: its pooled figures (and the difference from the first draft),
-    then alpha per category."""
+def report(
+    path, rows: list[dict], prompts: list[dict], k: int, first, seed: int, against="first"
+) -> None:
+    """Two lines per draft: its pooled figures (and the difference from `first`, the rows of
+    the draft named by `against`), then alpha per category."""
     ids = [p["prompt_ids"] for p in prompts]
     s = metrics.summarize(rows, rows, k, ids)
     cats = metrics.per_category(rows, rows, [r["category"] for r in rows], k, ids)
@@ -74,7 +81,7 @@ def report(path: Path, rows: list[dict], prompts: list[dict], k: int, first, see
         line += f"  echo {s['echo_share']:.2f} (alpha new {s['alpha_new']:.3f})"
     if first is not None and (c := metrics.paired_diff_by_category(rows, first, seed=seed)):
         lo, hi = c["alpha_ci95"]  # paired by prompt against the first draft named
-        line += f"  alpha vs first {c['alpha_diff']:+.3f} (95% CI {lo:+.3f} to {hi:+.3f})"
+        line += f"  alpha vs {against} {c['alpha_diff']:+.3f} (95% CI {lo:+.3f} to {hi:+.3f})"
     print(line)
     print("    alpha by category: " + ", ".join(f"{k} {v['alpha']:.3f}" for k, v in cats.items()))
     if first is not None and c and c.get("per_category"):
@@ -83,7 +90,7 @@ def report(path: Path, rows: list[dict], prompts: list[dict], k: int, first, see
             for cat, d in c["per_category"].items()
             if d and d["alpha_ci95"]
         )
-        print("    vs first by category: " + ", ".join(diffs))
+        print(f"    vs {against} by category: " + ", ".join(diffs))
 
 
 def main() -> None:
@@ -94,6 +101,11 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default evaluate's")
     ap.add_argument("--set", action="append", default=[], help="eval set(s); default all")
     ap.add_argument("--prompts", type=Path, default=None, help="jsonl of prompts with prompt_ids")
+    ap.add_argument(
+        "--draft-int8",
+        action="store_true",
+        help="also replay each draft with int8 weights, paired against itself as loaded",
+    )
     args = ap.parse_args()
     torch.set_num_threads(2)
     cfg = load_config(args.run_dir / "config.yaml")
@@ -118,6 +130,11 @@ def main() -> None:
             rows = teacher_forced_results(draft, models, refs, k, budget, vocab)
             report(path, rows, prompts, k, first, cfg.run.seed)
             first = first or rows
+            if args.draft_int8:
+                rounded = teacher_forced_results(
+                    draft, models, refs, k, budget, vocab, lambda m: int8_draft(m, models.target())
+                )
+                report(f"{path} [int8]", rounded, prompts, k, rows, cfg.run.seed, "as loaded")
 
 
 if __name__ == "__main__":

@@ -731,3 +731,35 @@ def test_draft_int8_decodes_every_draft_in_int8_and_stays_lossless(run_dir, caps
     cached = [json.loads(p.read_text()) for p in (run_dir / "eval" / "results").glob("*.json")]
     drafts = [c["settings"] for c in cached if "draft" in c["settings"]]
     assert drafts and all(s["draft_int8"] is True for s in drafts)
+
+
+def test_the_replay_hook_rounds_the_draft_as_the_int8_stage_does(run_dir):
+    """kinds.teacher_forced_results(prepare=int8_draft), what estimate_acceptance.py
+    --draft-int8 replays, counts what the stage's teacher-forced rows count with
+    evaluate.draft_int8 on: same prompts, same rounded weights."""
+    from draftsmith.evaluate.native import Models, NativeEvaluator
+    from draftsmith.evaluate.prompts import eval_sets, load_prompts
+    from draftsmith.evaluate.records import DraftEntry
+    from draftsmith.int8_draft import int8_draft
+    from draftsmith.kinds import teacher_forced_results
+
+    run_evaluate(_cfg(run_dir, draft_int8=True))
+    rounded_board = _by(_board(run_dir), "teacher_forced")
+    run_evaluate(_cfg(run_dir))
+    loaded_board = _by(_board(run_dir), "teacher_forced")
+    cfg = _cfg(run_dir)
+    models = Models(cfg)
+    prompts = eval_sets(load_prompts(run_dir), cfg.evaluate.max_prompts)["heldout"]
+    base = NativeEvaluator(cfg, run_dir / "eval" / "results", models).baseline("heldout", prompts)
+    refs = [{**p, "tokens": b["tokens"]} for p, b in zip(prompts, base)]
+    vocab = models.target().config.vocab_size
+    changed = 0
+    for name in ("checkpoint-0", "checkpoint-4", "checkpoint-8"):
+        entry = DraftEntry(name=name, ref=str(run_dir / "checkpoints" / name), kind="independent")
+        rows = teacher_forced_results(
+            entry, models, refs, 3, 12, vocab, lambda m: int8_draft(m, models.target())
+        )
+        accepted = sum(r["accepted"] for r in rows)
+        assert accepted == rounded_board[name]["tokens_accepted"], name
+        changed += accepted != loaded_board[name]["tokens_accepted"]
+    assert changed  # the rounding moves some draft's proposals: the hook is not a no-op

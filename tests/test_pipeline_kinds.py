@@ -202,7 +202,7 @@ def test_estimate_acceptance_script_replays_both_kinds_as_the_leaderboard(both_r
     k, budget = cfg.evaluate.num_speculative_tokens, cfg.evaluate.max_new_tokens
     proc = subprocess.run(
         [sys.executable, "scripts/estimate_acceptance.py", str(out), "--k", str(k)]
-        + ["--max-new-tokens", str(budget)],
+        + ["--max-new-tokens", str(budget), "--draft-int8"],
         capture_output=True,
         text=True,
         cwd=Path(__file__).resolve().parents[1],
@@ -222,3 +222,7 @@ def test_estimate_acceptance_script_replays_both_kinds_as_the_leaderboard(both_r
     assert any(p.startswith("eagle3/") for p in printed)
     for path, acceptance in tf.items():
         assert printed[path] == pytest.approx(acceptance, abs=5e-4), path
+    # --draft-int8: each draft again with rounded weights, paired against itself as loaded
+    line = r"^(\S+) \[int8\]: acceptance [0-9.]+ .* alpha vs as loaded"
+    rounded = re.findall(line, proc.stdout, re.M)
+    assert {Path(p).relative_to(out).as_posix() for p in rounded} == set(tf)

@@ -115,12 +115,21 @@ def check_target(cfg: Config, target_config, target_tok) -> None:
 
 
 def teacher_forced_results(
-    draft: DraftEntry, models, refs: list[dict], k: int, max_new_tokens: int, vocab: int | None
+    draft: DraftEntry,
+    models,
+    refs: list[dict],
+    k: int,
+    max_new_tokens: int,
+    vocab: int | None,
+    prepare=None,
 ) -> list[dict]:
     """The engine's greedy counts for `draft` (no timings) on refs, by its kind's replay: per
-    prompt {"id", "category", "prompt_ids", "tokens": the target's greedy output}."""
+    prompt {"id", "category", "prompt_ids", "tokens": the target's greedy output}.
+    `prepare(module)`, if given, changes the loaded draft in place first (int8 weights)."""
     from draftsmith.evaluate.teacher_forced import teacher_forced_results as replay
 
     kind = kind_of(draft)
     module = kind.load(draft, models)
+    if prepare is not None:
+        prepare(module)
     return replay(module, refs, k, max_new_tokens, vocab, kind.replay(), models.target)
