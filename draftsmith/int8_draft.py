@@ -120,10 +120,16 @@ def check_int8_available(device: torch.device) -> None:
         )
 
 
-def int8_draft(draft: torch.nn.Module, target: torch.nn.Module | None = None) -> dict:
+def int8_draft(
+    draft: torch.nn.Module,
+    target: torch.nn.Module | None = None,
+    int8_widths: list[int] | None = None,
+) -> dict:
     """Replace the nn.Linear layers of `draft` by Int8WeightLinear, in place, and choose by
     timing the widths that take the int8 kernel -> {"layers", "int8_widths", "ms"}.
 
+    `int8_widths`, the choice of an earlier load of the same draft, is reused instead of
+    timed again, so one run decodes a draft the same way however often it is reloaded.
     A layer whose weight is one of `target`'s parameters is kept as it is, so a head that
     shares the target's modules never changes the target."""
     check_int8_available(next(draft.parameters()).device)
@@ -138,6 +144,9 @@ def int8_draft(draft: torch.nn.Module, target: torch.nn.Module | None = None) ->
                 replaced.append(layer)
     if not replaced:
         return {"layers": 0, "int8_widths": [], "ms": {}}
+    if int8_widths is not None:
+        widths |= set(int8_widths)
+        return {"layers": len(replaced), "int8_widths": sorted(widths), "ms": {}}
     # time a decoder layer's worth: the first MLP-sized layers (the largest but the head)
     body = [m for m in replaced if m.out_features < max(r.out_features for r in replaced)]
     chosen, ms = choose_int8_widths((body or replaced)[:7])

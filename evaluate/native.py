@@ -255,11 +255,15 @@ class NativeEvaluator:
         if draft.name not in self._draft_cache:  # keep one draft loaded
             module = kind_of(draft).load(draft, self.models)
             if self.cfg.evaluate.draft_int8:
-                self.int8[draft.name] = info = int8_draft(module, self.models.target())
-                print(
-                    f"[evaluate] {draft.name}: {info['layers']} linear layers decode with int8 "
-                    f"weights at input widths {info['int8_widths'] or 'none (timed slower here)'}"
-                )
+                earlier = self.int8.get(draft.name)  # reloaded: its first load's widths
+                info = int8_draft(module, self.models.target(), earlier and earlier["int8_widths"])
+                self.int8[draft.name] = {**info, "ms": (earlier or info)["ms"]}
+                if earlier is None:  # said once per draft
+                    print(
+                        f"[evaluate] {draft.name}: {info['layers']} linear layers decode with "
+                        f"int8 weights at input widths "
+                        f"{info['int8_widths'] or 'none (timed slower here)'}"
+                    )
             self._draft_cache = {draft.name: module}
         return self._draft_cache[draft.name]
 

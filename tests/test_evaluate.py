@@ -763,3 +763,38 @@ def test_the_replay_hook_rounds_the_draft_as_the_int8_stage_does(run_dir):
         assert accepted == rounded_board[name]["tokens_accepted"], name
         changed += accepted != loaded_board[name]["tokens_accepted"]
     assert changed  # the rounding moves some draft's proposals: the hook is not a no-op
+
+
+def test_a_reloaded_int8_draft_keeps_its_first_timed_widths(run_dir, capsys, monkeypatch):
+    """The stage keeps one draft loaded; a draft loaded again is rounded again but keeps the
+    input widths timed at its first load (a second timing could choose differently), and
+    the choice is printed once."""
+    from draftsmith import int8_draft as mod
+    from draftsmith.evaluate.native import Models, NativeEvaluator
+    from draftsmith.evaluate.records import DraftEntry
+
+    choices = iter([({1, 2}, {}), ({3}, {}), ({5, 6}, {})])  # a different choice per timing
+    monkeypatch.setattr(mod, "choose_int8_widths", lambda layers: next(choices))
+    cfg = _cfg(run_dir, draft_int8=True)
+    ev = NativeEvaluator(cfg, run_dir / "eval" / "results", Models(cfg))
+    a, b = (
+        DraftEntry(name=n, ref=str(run_dir / "checkpoints" / n), kind="independent")
+        for n in ("checkpoint-0", "checkpoint-4")
+    )
+    first = ev.draft_model(a)
+    ev.draft_model(b)
+    again = ev.draft_model(a)  # evicted by b: loaded and rounded again
+    assert again is not first
+    widths = {
+        m.int8_widths and frozenset(m.int8_widths)
+        for m in again.modules()
+        if hasattr(m, "int8_widths")
+    }
+    assert widths == {frozenset({1, 2})}
+    assert ev.int8["checkpoint-0"]["int8_widths"] == [1, 2] and ev.int8["checkpoint-4"][
+        "int8_widths"
+    ] == [3]
+    out = capsys.readouterr().out
+    assert (
+        out.count("[evaluate] checkpoint-0: ") == 1 and out.count("[evaluate] checkpoint-4: ") == 1
+    )
