@@ -26,7 +26,10 @@ def test_defaults_are_a_valid_config(tmp_path):
     assert cfg.distill.loss == "forward_kl"
 
 
-@pytest.mark.parametrize("name", ["tiny.yaml", "smollm2-135m.yaml"])
+SHIPPED = sorted(str(p.relative_to(REPO / "configs")) for p in (REPO / "configs").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_configs_load_and_name_their_command(name):
     path = REPO / "configs" / name
     cfg = load_config(path)
