@@ -18,7 +18,7 @@ def test_readme_has_exactly_two_setup_commands():
     commands = _readme_commands()
     assert len(commands) == 2
     main_job, tests = commands
-    assert "draftsmith run configs/smollm2-135m.yaml" in main_job
+    assert "draftsmith run configs/qwen2.5-coder-1.5b.yaml" in main_job
     assert "pytest" in tests
     for cmd in commands:  # torch first, from the CPU build, so pip never picks a CUDA build
         assert cmd.index("torch==2.13.0") < cmd.index("pip install -q -e")
