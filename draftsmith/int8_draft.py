@@ -71,6 +71,13 @@ class Int8WeightLinear(torch.nn.Module):
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The rounded weight as floats, (out, in), in the draft's dtype: code that reads a
+        layer's weight for its dtype or shape (an EAGLE-3 head casts its input to
+        fc.weight.dtype) sees what the layer multiplies by."""
+        return self.weight_float
+
     def dequantized(self) -> torch.Tensor:
         """The float weight this layer multiplies by, (out, in): for tests and error bounds."""
         return self.weight_int8.float() * self.scale.float()[:, None]

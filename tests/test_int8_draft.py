@@ -37,6 +37,8 @@ def test_the_layer_multiplies_by_per_row_rounded_weights():
         # activations go through bf16 on the int8 path: bf16 rounding, not int8 steps
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
     assert not torch.equal(int8_path, float_path)  # two paths really ran
+    # .weight, read by code that casts to a layer's dtype: the rounded floats, not the original
+    assert q.weight.dtype == lin.weight.dtype and torch.equal(q.weight, deq.to(lin.weight.dtype))
 
 
 def _tiny(seed: int) -> LlamaForCausalLM:
