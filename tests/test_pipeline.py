@@ -234,19 +234,24 @@ def test_the_leaderboard_reads_back_into_rows_that_write_it_again(tiny_run):
 def test_release_memory_hands_freed_heap_back_between_stages():
     """The stages share one process: memory a stage freed must leave the process before the
     next stage's models load (glibc otherwise keeps freed heap pages, as measured on the
-    pair: README "The main job")."""
-    from draftsmith.pipeline import release_memory
-
-    def rss_mb() -> float:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-    xs = [torch.ones(16384) for _ in range(8000)]  # 64 KiB each: heap blocks, not mmaps
-    keep = torch.ones(16)  # allocated last, so the freed blocks are not the heap's top
-    held = rss_mb()
-    del xs
-    freed = rss_mb()
-    assert release_memory()
-    trimmed = rss_mb()
-    assert freed - trimmed > 0.8 * 8000 * 64 / 1024, (held, freed, trimmed)  # ~500 MB back
-    assert keep.sum() == 16
+    pair: README "The main job"). Run in a fresh interpreter: the test process's own heap,
+    fragmented by earlier tests, would decide where the blocks land."""
+    probe = """
+import os, torch
+from pathlib import Path
+from draftsmith.pipeline import release_memory
+def rss_mb():
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+xs = [torch.ones(16384) for _ in range(8000)]  # 64 KiB each: heap blocks, not mmaps
+keep = torch.ones(16)  # allocated last, so the freed blocks are not the heap's top
+del xs
+freed = rss_mb()
+assert release_memory()
+print(freed, rss_mb(), float(keep.sum()))
+"""
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    freed, trimmed, kept = map(float, proc.stdout.split())
+    assert freed - trimmed > 0.8 * 8000 * 64 / 1024, (freed, trimmed)  # ~500 MB back
+    assert kept == 16
