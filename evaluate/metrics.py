@@ -141,24 +141,17 @@ def summarize(
     forwards = int(_sum(spec, "target_forwards"))
     accepted_at, reached_at = _sum_lists(spec, "accepted_at"), _sum_lists(spec, "reached_at")
     a = alpha(accepted_at, reached_at)
-    c = cost_ratio(
-        _sum(spec, "draft_1tok_time"),
-        int(_sum(spec, "draft_1tok_n")),
+    base_time, base_n = (
         _sum(target_only, "target_1tok_time"),
         int(_sum(target_only, "target_1tok_n")),
     )
+    draft_n = int(_sum(spec, "draft_1tok_n"))
+    c = cost_ratio(_sum(spec, "draft_1tok_time"), draft_n, base_time, base_n)
     tps, base_tps = _tokens_per_s(spec), _tokens_per_s(target_only)
     verify_n = int(_sum(spec, "target_verify_n"))
-    base_n = int(_sum(target_only, "target_1tok_n"))
-    draft_n = int(_sum(spec, "draft_1tok_n"))
-    v = cost_ratio(
-        _sum(spec, "target_verify_time"),
-        verify_n,
-        _sum(target_only, "target_1tok_time"),
-        base_n,
-    )
+    v = cost_ratio(_sum(spec, "target_verify_time"), verify_n, base_time, base_n)
     steady = modelled_speedup(a, k, c, v) if v is not None else None
-    step_s = _ratio(_sum(target_only, "target_1tok_time"), base_n) if base_n else None
+    step_s = _ratio(base_time, base_n) if base_n else None  # one target decode step
     request = modelled_request_speedup(
         steady,
         tokens,
@@ -186,9 +179,7 @@ def summarize(
         "draft_forward_ms": 1e3 * _ratio(_sum(spec, "draft_1tok_time"), draft_n)
         if draft_n
         else None,
-        "target_forward_ms": (
-            1e3 * _ratio(_sum(target_only, "target_1tok_time"), base_n) if base_n else None
-        ),
+        "target_forward_ms": 1e3 * step_s if step_s is not None else None,
         "target_verify_ms": (
             1e3 * _ratio(_sum(spec, "target_verify_time"), verify_n) if verify_n else None
         ),
