@@ -209,7 +209,7 @@ class NativeEvaluator:
             k=k,
             sampling=self.sampling,
             eos_ids=self._eos(),
-            few_row_linear=self.few_rows() if proposer is not None else False,
+            few_row_linear=self.few_rows(),  # target-only too: the baseline at its fastest
             num_ids=token_id_count(self.models.tokenizer()),
             stop_below=stop_below,
         )
@@ -226,7 +226,7 @@ class NativeEvaluator:
         if ev.cpu_few_row_linear != "auto" or device.type != "cpu":
             rows = sorted(few_row_counts(ev.cpu_few_row_linear and device.type == "cpu"))
             return {"few_rows": rows, "by": "config" if device.type == "cpu" else "device"}
-        widths = list(range(2, max([*ev.k_sweep, ev.num_speculative_tokens]) + 2))
+        widths = list(range(1, max([*ev.k_sweep, ev.num_speculative_tokens]) + 2))
         settings = {
             "target": fingerprint(self.target_path),
             "dtype": self.cfg.target.dtype,

@@ -145,7 +145,8 @@ def choose_few_rows(
     model, context: Sequence[int], widths: Sequence[int], repeats: int, margin: float = 0.03
 ) -> dict:
     """Which form of the few-row matmul a forward over w tokens should take on this machine,
-    for each width w > 1 (a verify pass is k + 1 wide), by timing it.
+    for each width w (a verify pass is k + 1 wide; w = 1, a decode step, against the padded
+    one-row form), by timing it.
 
     The same cached forward runs through F.linear and through the W @ x^T form
     (draftsmith/fast_linear.py), interleaved and repeated like the cost timing; W @ x^T is
@@ -153,7 +154,7 @@ def choose_few_rows(
     CPU, the BLAS and the dtype (draftsmith/fast_linear.py): measured, not assumed.
     Returns {"few_rows": [w, ...], "ms": {w: {"F.linear": ms, "W@x^T": ms}}, "repeats"}.
     """
-    widths = sorted({int(w) for w in widths if w > 1})
+    widths = sorted({int(w) for w in widths if w >= 1})
     switch = RowSwitch()
     feed = (list(context[-1:]) * max(widths, default=1))[: max(widths, default=1)]
     steps: dict[str, Step] = {}

@@ -134,7 +134,7 @@ def choose_kernels(target, args) -> list[int]:
 
     if args.few_row in ("on", "off"):
         return sorted(few_row_counts(args.few_row == "on"))
-    widths = list(range(2, max(args.ks) + 2))
+    widths = list(range(1, max(args.ks) + 2))  # 1: the padded one-row form
     vocab = target.config.get_text_config().vocab_size
     context = [t % vocab for t in range(1000, 1128)]  # the cost does not depend on the ids
     return choose_few_rows(target, context, widths, repeats=5)["few_rows"]

@@ -798,3 +798,30 @@ def test_a_reloaded_int8_draft_keeps_its_first_timed_widths(run_dir, capsys, mon
     assert (
         out.count("[evaluate] checkpoint-0: ") == 1 and out.count("[evaluate] checkpoint-4: ") == 1
     )
+
+
+def test_target_only_baseline_decodes_with_the_timed_kernel_choice(run_dir, monkeypatch):
+    """The baseline every speedup divides by gets the same per-width kernel choice as the
+    speculative decoder, width 1 (its decode step) included: a baseline left on a kernel
+    the timing found slower would inflate every measured speedup."""
+    from draftsmith.evaluate import native, timing
+
+    widths = []
+
+    def fake_choose(model, context, ws, repeats):
+        widths.extend(ws)
+        return {"few_rows": [1, 2], "ms": {}, "repeats": repeats}
+
+    made = []
+    real = native.SpeculativeDecoder
+
+    def spy(target, proposer, **kw):
+        made.append((proposer is None, kw["few_row_linear"]))
+        return real(target, proposer, **kw)
+
+    monkeypatch.setattr(timing, "choose_few_rows", fake_choose)
+    monkeypatch.setattr(native, "SpeculativeDecoder", spy)
+    run_evaluate(_cfg(run_dir))
+    assert 1 in widths  # the decode step's width is timed too
+    baselines = [few for target_only, few in made if target_only]
+    assert baselines and all(few == [1, 2] for few in baselines)

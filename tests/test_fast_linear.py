@@ -111,10 +111,39 @@ def test_engine_tokens_and_counts_do_not_depend_on_it(k):
 
 def test_only_the_chosen_widths_take_the_few_row_form(spy):
     lin = torch.nn.Linear(8, 4, bias=False)
-    with cpu_few_row_linear(lin, enabled=[1, 3, 5]):  # 1 row is never routed
+    with cpu_few_row_linear(lin, enabled=[3, 5]):
         for rows in (1, 2, 3, 4, 5):
             lin(torch.randn(rows, 8))
     assert [rows for rows, _ in spy] == [3, 5]
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 24), (1, 24), (24,)])
+def test_padded_one_row_equals_f_linear_and_is_taken_when_chosen(spy, shape):
+    """Width 1 chosen: the row is multiplied as two rows (itself and a copy) in W @ x^T,
+    and the result is F.linear's, shape included."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(24, 40, dtype=torch.float64)
+    x = torch.randn(*shape, dtype=torch.float64)
+    with cpu_few_row_linear(lin, enabled=[1]):
+        got = lin(x)
+    assert [rows for rows, _ in spy] == [2]  # one row in, two rows through W @ x^T
+    assert got.shape == (*shape[:-1], 40)
+    torch.testing.assert_close(got, F.linear(x, lin.weight, lin.bias))
+    with cpu_few_row_linear(lin, enabled=True):  # forced on: 2..MAX_ROWS, one row untouched
+        lin(x)
+    assert len(spy) == 1
+
+
+def test_target_only_decoding_takes_the_chosen_one_row_form_and_keeps_its_tokens(spy):
+    """The baseline decodes with the same per-width choice as the speculative decoder: with
+    width 1 chosen, its one-token steps take the padded form, and its tokens are unchanged."""
+    target, _ = tiny_pair(3, noise=0.3)
+    prompt = [5, 7, 11, 13]
+    plain = SpeculativeDecoder(target, None, eos_ids=[2], few_row_linear=False).generate(prompt, 16)
+    assert spy == []
+    padded = SpeculativeDecoder(target, None, eos_ids=[2], few_row_linear=[1]).generate(prompt, 16)
+    assert spy and {rows for rows, _ in spy} == {2}  # every one-row matmul went padded
+    assert padded.tokens == plain.tokens
 
 
 def test_choose_few_rows_picks_the_faster_form_per_width(monkeypatch, spy):
@@ -136,8 +165,9 @@ def test_choose_few_rows_picks_the_faster_form_per_width(monkeypatch, spy):
     out = timing.choose_few_rows(target, [5, 6, 7, 8], [1, 2, 3], repeats=4)
     assert out["few_rows"] == [3]
     assert out["ms"]["2"] == {"F.linear": 1000.0, "W@x^T": 2000.0}
-    assert sorted(set(seen)) == ["F.linear_2", "F.linear_3", "W@x^T_2", "W@x^T_3"]
-    assert {rows for rows, _ in spy} == {2, 3}  # the W@x^T steps really took that form
+    assert sorted(set(seen)) == [f"{f}_{w}" for f in ("F.linear", "W@x^T") for w in (1, 2, 3)]
+    # the W@x^T steps really took that form (width 1 padded to two rows)
+    assert {rows for rows, _ in spy} == {2, 3}
     assert not any("forward" in vars(m) for m in target.modules())  # restored
 
 
