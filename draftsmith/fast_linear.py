@@ -14,13 +14,13 @@ machine at hand.
 One row is a matrix-vector product in either form, but on CPUs with native bf16 matmuls a
 two-row product runs faster than a one-row one (2026-12-06, this 2-core CPU: a 1536 x 8960
 bf16 weight times 1 row 0.97 ms, times 2 rows as W @ x^T 0.68 ms; target-only greedy decoding
-of the 1.5B in bf16 1.26x faster, `scripts/bench_one_row.py`). So width 1 may be chosen too:
+of the 1.5B in bf16 1.21-1.26x faster, `scripts/bench_one_row.py`). So width 1 may be chosen too:
 the row is padded with a copy of itself, multiplied as W @ x^T, and the copy dropped
 (`padded_one_row_linear`). Like every width it is taken only where timing picks it, and the
 target-only baseline decodes with the same choice, so no speedup is measured against a
-baseline slower than it has to be. GPUs and large batches keep F.linear. Results equal F.linear's up to float
-rounding (a different summation order), which the greedy lossless check covers like any
-kernel difference.
+baseline slower than it has to be. GPUs and large batches keep F.linear. Results equal
+F.linear's up to float rounding (a different summation order), which the greedy lossless
+check covers like any kernel difference.
 
 Scope: `cpu_few_row_linear(*models)` changes only the nn.Linear modules of the models it
 is given (an instance-level forward, removed on exit); torch.nn.Linear itself and every

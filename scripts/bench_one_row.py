@@ -1,6 +1,7 @@
 """Target-only greedy decoding, one token per forward, with every one-row matmul as F.linear
-(what the engine's target-only baseline does) against the same row padded to two and taken
-as W @ x^T (draftsmith/fast_linear.py's few-row form); interleaved, same tokens checked.
+(what the engine's target-only baseline did until 2026-12-06) against the same row padded to
+two and taken as W @ x^T (draftsmith/fast_linear.py with width 1 chosen, the engine's own
+code path); interleaved, same tokens checked.
 
     python scripts/bench_one_row.py [--model qwen2.5-coder-1.5b-instruct] [--dtype bfloat16]
         [--tokens 32] [--repeats 3]
@@ -15,20 +16,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from types import MethodType
 
 import torch
-import torch.nn.functional as F
 
-from draftsmith.fast_linear import few_row_linear
+from draftsmith.fast_linear import cpu_few_row_linear
 from draftsmith.models import load_model, load_tokenizer
-
-
-def padded_forward(self, x):
-    if x.numel() // self.in_features != 1:
-        return F.linear(x, self.weight, self.bias)
-    y = few_row_linear(torch.cat([x, x], dim=-2), self.weight, self.bias)
-    return y[..., :1, :]
 
 
 @torch.no_grad()
@@ -55,17 +47,13 @@ def main() -> None:
     msgs = [{"role": "user", "content": "Write a short travel blog post about a trip to Hawaii."}]
     ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt")
     ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    times = {"F.linear, 1 row": [], "W @ x^T, padded to 2 rows": []}
+    widths = {"F.linear, 1 row": False, "W @ x^T, padded to 2 rows": [1]}
+    times = {name: [] for name in widths}
     outputs = {}
     for _ in range(args.repeats):
-        for name in times:  # interleaved
-            for m in linears:
-                if name.startswith("W"):
-                    m.forward = MethodType(padded_forward, m)
-                elif "forward" in vars(m):
-                    del m.forward
-            got, s = decode(model, ids, args.tokens)
+        for name, enabled in widths.items():  # interleaved
+            with cpu_few_row_linear(model, enabled=enabled):
+                got, s = decode(model, ids, args.tokens)
             times[name].append(s)
             outputs.setdefault(name, got)
     base = statistics.median(times["F.linear, 1 row"])
