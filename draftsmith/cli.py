@@ -71,20 +71,19 @@ def note_moved_run_config(config: str, cfg, overrides: list[str]) -> None:
 
 
 def cmd_stage(name: str, config: str, overrides: list[str]) -> int:
-    from draftsmith.int8_draft import check_int8_available
     from draftsmith.kinds import check_config
     from draftsmith.models import check_cpu_bf16, pick_device
+    from draftsmith.quant_draft import check_quant_available
     from draftsmith.rundir import open_run_dir
 
     cfg = load_config(config, overrides)
     check_config(cfg)  # draft.kind's names and each kind's own keys, before anything is written
     note_moved_run_config(config, cfg, overrides)
-    # run.device=cuda without a GPU, bf16 by hand on a CPU without it, int8 drafts off CPU:
+    # run.device=cuda without a GPU, bf16 by hand on a CPU without it, int4/int8 drafts off CPU:
     # before anything is written
     device = pick_device(cfg.run.device)
     check_cpu_bf16(cfg, device)
-    if cfg.evaluate.draft_int8:
-        check_int8_available(device)
+    check_quant_available(cfg.evaluate.draft_weights, device)
     stages = cfg.run.stages if name == "run" else [name]
     with open_run_dir(cfg):
         pipeline.preflight(cfg, stages)

@@ -252,6 +252,8 @@ class DistillConfig:
 
 @dataclass
 class EvaluateConfig:
+    # draft_int8: true|false, the key before int4 joined it (old run dirs' config.yaml)
+    RENAMED_KEYS = {"draft_int8": ("draft_weights", {True: "int8", False: "as_loaded"})}
     backend: Literal["native", "vllm"] = "native"
     num_speculative_tokens: int = field(default=4, metadata=bounds(ge=1, le=32))  # k for ranking
     k_sweep: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 6, 8])  # best checkpoint only
@@ -284,10 +286,11 @@ class EvaluateConfig:
     # (draftsmith/fast_linear.py). auto: time both on the target, per forward width, once per
     # run and machine (evaluate/timing.py choose_few_rows); true/false: always/never.
     cpu_few_row_linear: bool | Literal["auto"] = "auto"
-    # Native engine on CPU: decode the draft with int8 weights (per output row; activations
-    # bf16; draftsmith/int8_draft.py). The target is untouched, so output stays the target's;
-    # acceptance and the draft's cost are measured with the int8 draft (README: int8 draft).
-    draft_int8: bool = False
+    # Native engine on CPU: decode the draft with its weights rounded to int8 (per output row)
+    # or int4 (per group of 32 inputs), activations bf16 (draftsmith/quant_draft.py). The
+    # target is untouched, so output stays the target's; acceptance and the draft's cost are
+    # measured with the rounded draft (README: "Quantized draft weights").
+    draft_weights: Literal["as_loaded", "int8", "int4"] = "as_loaded"
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
@@ -374,10 +377,11 @@ def _check_cross_fields(cfg: Config) -> None:
             raise ConfigError(
                 f"evaluate.stop_thresholds[{i}]: a probability strictly between 0 and 1, got {t}"
             )
-    if cfg.evaluate.draft_int8 and cfg.evaluate.backend != "native":
+    if cfg.evaluate.draft_weights != "as_loaded" and cfg.evaluate.backend != "native":
         raise ConfigError(
-            "evaluate.draft_int8: int8 draft weights are the native CPU engine's; vLLM decodes "
-            "the draft as exported (set it to false with evaluate.backend vllm)"
+            f"evaluate.draft_weights: {cfg.evaluate.draft_weights} draft weights are the native "
+            "CPU engine's; vLLM decodes the draft as exported (set it to as_loaded with "
+            "evaluate.backend vllm)"
         )
     for i, src in enumerate(cfg.data.sources):
         given = [n for n in ("builtin", "path", "hub") if getattr(src, n)]

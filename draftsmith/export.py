@@ -209,13 +209,14 @@ def _training(meta: dict | None, row: LeaderboardRow) -> str:
     )
 
 
-def _int8_note(board: dict) -> str:
-    """The card says when the numbers are those of the draft decoded with int8 weights."""
-    if not board.get("draft_int8"):
+def _quant_note(board: dict) -> str:
+    """The card says when the numbers are those of the draft decoded with rounded weights."""
+    weights = board.get("draft_weights", "as_loaded")
+    if weights == "as_loaded":
         return ""
     return (
-        "\nThe draft was decoded with int8 weights (evaluate.draft_int8): acceptance and cost "
-        "are the int8 draft's; the exported weights are the full-precision ones."
+        f"\nThe draft was decoded with {weights} weights (evaluate.draft_weights): acceptance "
+        f"and cost are the {weights} draft's; the exported weights are the full-precision ones."
     )
 
 
@@ -301,7 +302,7 @@ changes speed.
 
 ## Measured on {row.eval_set} by {_by(row)}
 Measured on: {board.get("hardware", platform.platform())}, {row.num_prompts} prompts,
-k = {row.num_speculative_tokens}, temperature {row.temperature}.{_int8_note(board)}
+k = {row.num_speculative_tokens}, temperature {row.temperature}.{_quant_note(board)}
 
 | metric | value |
 |---|---|

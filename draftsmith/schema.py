@@ -151,17 +151,26 @@ def build(cls: type, raw: dict, prefix: str) -> Any:
 
 
 def rename_keys(cls: type, raw: dict, prefix: str) -> dict:
-    """A section's renamed keys (its class's RENAMED_KEYS, old -> new) read under their new
-    name, with a one-line warning on stderr; giving both names is an error."""
+    """A section's renamed keys (its class's RENAMED_KEYS, old -> new, or old -> (new,
+    {old value: new value}) when the values changed too) read under their new name, with a
+    one-line warning on stderr; giving both names is an error."""
     out = dict(raw)
-    for old, new in getattr(cls, "RENAMED_KEYS", {}).items():
+    for old, renamed in getattr(cls, "RENAMED_KEYS", {}).items():
         if old not in out:
             continue
+        new, values = renamed if isinstance(renamed, tuple) else (renamed, None)
         old_key, new_key = (f"{prefix}.{k}" if prefix else k for k in (old, new))
         if new in out:
             raise ConfigError(f"{old_key}: renamed {new}; set only {new_key}")
         print(f"draftsmith: warning: {old_key} is deprecated, read as {new_key}", file=sys.stderr)
-        out[new] = out.pop(old)
+        value = out.pop(old)
+        if values is not None:
+            if value not in values:
+                raise ConfigError(
+                    f"{old_key}: must be one of {', '.join(map(str, values))}, got {value!r}"
+                )
+            value = values[value]
+        out[new] = value
     return out
 
 

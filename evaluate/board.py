@@ -240,5 +240,5 @@ def native_board(cfg: Config, sets: dict, primary: str, drafts: list[DraftEntry]
         "costs": costs,
         "comparisons": comparisons,
         "kernels": runner.kernels,
-        "int8_widths": runner.int8 or None,
+        "quant_widths": runner.quant or None,
     }

@@ -37,7 +37,6 @@ from draftsmith.evaluate.ranking import (
 )
 from draftsmith.evaluate.records import DraftEntry
 from draftsmith.fast_linear import few_row_counts
-from draftsmith.int8_draft import int8_draft
 from draftsmith.io import atomic_write_json, kill_hook
 from draftsmith.kinds import kind_of
 from draftsmith.models import (
@@ -52,6 +51,7 @@ from draftsmith.models import (
     pick_dtype,
     resolve_model,
 )
+from draftsmith.quant_draft import quantize_draft
 from draftsmith.vocab_rows import token_id_count
 
 # ----------------------------------------------------------------------------- cache keys
@@ -180,15 +180,17 @@ class NativeEvaluator:
         self._draft_cache: dict[str, object] = {}
         self._passes: dict[tuple, list[dict]] = {}
         self.kernels: dict | None = None  # evaluate.cpu_few_row_linear's choice (few_rows)
-        self.int8: dict[str, dict] = {}  # evaluate.draft_int8: per draft, int8_draft's choice
+        self.quant: dict[
+            str, dict
+        ] = {}  # evaluate.draft_weights: per draft, quantize_draft's choice
 
     def settings(self, prompts: list[dict]) -> dict:
         return run_settings(self.cfg, prompts, self.target_path)
 
     def draft_settings(self, draft: DraftEntry) -> dict:
-        """What identifies a draft's results: its content, and the int8 rounding of its
-        weights (evaluate.draft_int8 changes its proposals and its cost, not the target's)."""
-        return {"draft": fingerprint(draft.ref), "draft_int8": self.cfg.evaluate.draft_int8}
+        """What identifies a draft's results: its content, and the rounding of its weights
+        (evaluate.draft_weights changes its proposals and its cost, not the target's)."""
+        return {"draft": fingerprint(draft.ref), "draft_weights": self.cfg.evaluate.draft_weights}
 
     def _cached(self, path: Path, settings: dict, make) -> dict:
         """The file's data when its settings match, else make() written there (atomically)."""
@@ -254,15 +256,17 @@ class NativeEvaluator:
         """The module `draft`'s kind runs (an HF model, or a head on the target)."""
         if draft.name not in self._draft_cache:  # keep one draft loaded
             module = kind_of(draft).load(draft, self.models)
-            if self.cfg.evaluate.draft_int8:
-                earlier = self.int8.get(draft.name)  # reloaded: its first load's widths
-                info = int8_draft(module, self.models.target(), earlier and earlier["int8_widths"])
-                self.int8[draft.name] = {**info, "ms": (earlier or info)["ms"]}
+            weights = self.cfg.evaluate.draft_weights
+            if weights != "as_loaded":
+                earlier = self.quant.get(draft.name)  # reloaded: its first load's widths
+                widths = earlier and earlier["kernel_widths"]
+                info = quantize_draft(module, weights, self.models.target(), widths)
+                self.quant[draft.name] = {**info, "ms": (earlier or info)["ms"]}
                 if earlier is None:  # said once per draft
                     print(
                         f"[evaluate] {draft.name}: {info['layers']} linear layers decode with "
-                        f"int8 weights at input widths "
-                        f"{info['int8_widths'] or 'none (timed slower here)'}"
+                        f"{weights} weights at input widths "
+                        f"{info['kernel_widths'] or 'none (timed slower here)'}"
                     )
             self._draft_cache = {draft.name: module}
         return self._draft_cache[draft.name]

@@ -157,9 +157,11 @@ def run_evaluate(cfg: Config) -> None:
         "k_sweep": sweep,
         "costs": out["costs"],
         "kernels": out.get("kernels"),  # which few-row matmul form the engine used, and why
-        "draft_int8": ev.draft_int8 and ev.backend == "native",  # drafts decoded in int8
-        # per draft loaded by this run: its int8 layers and the input widths timed faster in int8
-        "int8_widths": out.get("int8_widths"),
+        # drafts decoded with rounded weights (as_loaded | int8 | int4)
+        "draft_weights": ev.draft_weights if ev.backend == "native" else "as_loaded",
+        # per draft loaded by this run: its rounded layers and the input widths timed faster
+        # through the quantized kernel
+        "quant_widths": out.get("quant_widths"),
         "hardware": hardware(),
         "target": cfg.target.model,
         "backend": ev.backend,

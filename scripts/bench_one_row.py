@@ -42,7 +42,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    model = load_model(args.model, device=torch.device("cpu"), dtype=getattr(torch, args.dtype)).eval()
+    model = load_model(
+        args.model, device=torch.device("cpu"), dtype=getattr(torch, args.dtype)
+    ).eval()
     tok = load_tokenizer(args.model)
     msgs = [{"role": "user", "content": "Write a short travel blog post about a trip to Hawaii."}]
     ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt")
@@ -59,7 +61,9 @@ def main() -> None:
     base = statistics.median(times["F.linear, 1 row"])
     for name, ts in times.items():
         t = statistics.median(ts)
-        print(f"{name:28s} {args.tokens / t:6.2f} tokens/s  ({base / t:.3f}x the F.linear baseline)")
+        print(
+            f"{name:28s} {args.tokens / t:6.2f} tokens/s  ({base / t:.3f}x the F.linear baseline)"
+        )
     same = outputs["F.linear, 1 row"] == outputs["W @ x^T, padded to 2 rows"]
     print(f"same tokens: {same}")
 

@@ -25,9 +25,10 @@ assistant_confidence_threshold. Decoders are interleaved prompt by prompt (the o
 rotated each prompt), every output is checked token-identical to native target-only, and
 each decoder's best setting is compared with the other's best, per set and pooled.
 
---draft-int8: the native engine drafts with int8 weights (evaluate.draft_int8,
-draftsmith/int8_draft.py), and transformers' assisted generation runs at every setting with
-both the int8 draft and the draft as loaded, so each decoder is compared at its own best.
+--draft-weights int8 int4: the native engine drafts with the draft's weights rounded to each
+(evaluate.draft_weights, draftsmith/quant_draft.py), and transformers' assisted generation
+runs at every setting with each rounded draft and the draft as loaded, so each decoder is
+compared at its own best.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from draftsmith.config import TargetConfig
 from draftsmith.evaluate import metrics
 from draftsmith.evaluate.engine import SpeculativeDecoder
 from draftsmith.evaluate.ranking import near_tie_tolerance, target_tie_gap
-from draftsmith.int8_draft import int8_draft
 from draftsmith.kinds.independent.export import fixed_k_assistant
 from draftsmith.models import (
     eos_token_ids,
@@ -52,6 +52,7 @@ from draftsmith.models import (
     pick_device,
     resolve_model,
 )
+from draftsmith.quant_draft import quantize_draft
 
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
@@ -140,17 +141,17 @@ def choose_kernels(target, args) -> list[int]:
     return choose_few_rows(target, context, widths, repeats=5)["few_rows"]
 
 
-def decoders(target, draft, args, eos, pad, draft8=None):
+def decoders(target, draft, args, eos, pad, rounded=None):
     """{name: fn(prompt_ids) -> (tokens, seconds, result dict or None)}: every setting.
-    With `draft8` (--draft-int8) the native engine drafts with it, and transformers'
-    assisted generation runs with both drafts (each decoder at its own best)."""
-    native_draft = draft8 if draft8 is not None else draft
-    tag = "native int8" if draft8 is not None else "native"
+    With `rounded` ({"int8": draft, ...}, --draft-weights) the native engine drafts with each
+    of them, and transformers' assisted generation with each and with the draft as loaded
+    (each decoder at its own best)."""
+    natives = {f"native {w}": m for w, m in (rounded or {}).items()} or {"native": draft}
 
-    def native(k=0, stop=None, use_draft=True):
+    def native(k=0, stop=None, proposer=None):
         dec = SpeculativeDecoder(
             target,
-            native_draft if use_draft else None,
+            proposer,
             k=k,
             eos_ids=eos,
             few_row_linear=args.few_row,
@@ -185,10 +186,13 @@ def decoders(target, draft, args, eos, pad, draft8=None):
         return run
 
     k_max = max(args.ks)
-    out = {"native target-only": native(use_draft=False), "HF plain": hf(use_draft=False)}
-    out |= {f"{tag} k={k}": native(k) for k in args.ks}
-    out |= {f"{tag} k<={k_max} stop<{t:g}": native(k_max, t) for t in args.thresholds}
-    assistants = {"HF assisted": draft} | ({"HF assisted int8": draft8} if draft8 else {})
+    out = {"native target-only": native(), "HF plain": hf(use_draft=False)}
+    for tag, d in natives.items():
+        out |= {f"{tag} k={k}": native(k, proposer=d) for k in args.ks}
+        out |= {f"{tag} k<={k_max} stop<{t:g}": native(k_max, t, d) for t in args.thresholds}
+    assistants = {"HF assisted": draft} | {
+        f"HF assisted {w}": m for w, m in (rounded or {}).items()
+    }
     for label, a in assistants.items():
         out |= {f"{label} k={k}": hf(k, assistant=a) for k in args.ks}
         out |= {
@@ -221,8 +225,8 @@ def check_same(target, prompt_ids, ref, toks, where: str, ties: dict) -> None:
     ties[name] = ties.get(name, 0) + 1
 
 
-def sweep(target, draft, tok, args, eos, fp32=None, draft8=None) -> None:
-    runs = decoders(target, draft, args, eos, tok.pad_token_id, draft8)
+def sweep(target, draft, tok, args, eos, fp32=None, rounded=None) -> None:
+    runs = decoders(target, draft, args, eos, tok.pad_token_id, rounded)
     if (
         fp32 is not None
     ):  # timed like the others; its tokens may differ from the low-precision target's
@@ -348,10 +352,13 @@ def main() -> None:
         "copy of the target (its tokens may differ: counted, not required equal)",
     )
     ap.add_argument(
-        "--draft-int8",
-        action="store_true",
-        help="sweep mode: the native engine drafts with int8 weights (evaluate.draft_int8); "
-        "transformers' assisted generation runs with the int8 and the as-loaded draft",
+        "--draft-weights",
+        nargs="*",
+        default=[],
+        choices=["int8", "int4"],
+        help="sweep mode: the native engine drafts with the draft's weights rounded to each "
+        "(evaluate.draft_weights); transformers' assisted generation runs with each rounded "
+        "and the as-loaded draft",
     )
     ap.add_argument(
         "--dtype",
@@ -375,17 +382,17 @@ def main() -> None:
         fp32 = None
         if args.fp32_reference and dtype != torch.float32:
             fp32 = load_target(target_cfg, device, torch.float32)
-        draft8 = None
-        if args.draft_int8:
-            draft8 = copy.deepcopy(draft)
-            info = int8_draft(draft8, target)
+        rounded = {}
+        for weights in args.draft_weights:
+            rounded[weights] = copy.deepcopy(draft)
+            info = quantize_draft(rounded[weights], weights, target)
             print(
-                f"--draft-int8: {info['layers']} linear layers of the draft in int8 at input "
-                f"widths {info['int8_widths']} (timed here: {info['ms']})"
+                f"--draft-weights {weights}: {info['layers']} linear layers of the draft at "
+                f"input widths {info['kernel_widths']} (timed here: {info['ms']})"
             )
-        return sweep(target, draft, tok, args, eos, fp32, draft8)
-    if args.draft_int8:
-        raise SystemExit("--draft-int8: sweep mode only (give --sets)")
+        return sweep(target, draft, tok, args, eos, fp32, rounded)
+    if args.draft_weights:
+        raise SystemExit("--draft-weights: sweep mode only (give --sets)")
     if args.draft == "target":
         draft, name = target, "target itself (perfect draft)"
     elif args.draft:

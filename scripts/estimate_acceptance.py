@@ -1,7 +1,7 @@
 """Greedy acceptance of drafts from one teacher-forced replay: an evaluation in seconds.
 
     python scripts/estimate_acceptance.py RUN_DIR [CHECKPOINT_DIR ...] [--k 4]
-        [--max-new-tokens 64] [--set mtbench ...] [--prompts FILE.jsonl] [--draft-int8]
+        [--max-new-tokens 64] [--set mtbench ...] [--prompts FILE.jsonl] [--draft-weights int8 int4]
 
 Greedy speculative decoding only ever extends the target's own output, so whether a draft
 token is accepted is fixed by one question per position: does the draft's argmax, given
@@ -16,10 +16,10 @@ so speedup still needs `draftsmith evaluate`. Prompts: each of the run's eval se
 jsonl of {"id", "category", "prompt_ids"}. Every draft after the first also gets its alpha
 difference from the first, overall and per category, with 95% paired-bootstrap intervals
 over the prompts. Without CHECKPOINT_DIRs: every checkpoint of the run and its CE twin.
---draft-int8 replays each draft a second time with its weights rounded to int8
-(evaluate.draft_int8) and pairs that against the same draft as loaded: what the rounding
+--draft-weights int8 int4 replays each draft again with its weights rounded to each
+(evaluate.draft_weights) and pairs that against the same draft as loaded: what the rounding
 costs in acceptance. (The replay's inputs are wide, so the rounded weights run as floats;
-the engine's int8 kernel multiplies by the same rounded weights.)
+the engine's quantized kernels multiply by the same rounded weights.)
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from draftsmith.evaluate import metrics
 from draftsmith.evaluate.native import Models, NativeEvaluator
 from draftsmith.evaluate.prompts import eval_sets, load_prompts
 from draftsmith.evaluate.records import DraftEntry
-from draftsmith.int8_draft import int8_draft
 from draftsmith.kinds import KINDS, checkpoint_kind, teacher_forced_results
 from draftsmith.models import load_target_config
+from draftsmith.quant_draft import quantize_draft
 
 
 def read_sets(run: Path, cfg, prompts_file: Path | None, names: list[str]) -> dict[str, list]:
@@ -102,9 +102,12 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], help="eval set(s); default all")
     ap.add_argument("--prompts", type=Path, default=None, help="jsonl of prompts with prompt_ids")
     ap.add_argument(
-        "--draft-int8",
-        action="store_true",
-        help="also replay each draft with int8 weights, paired against itself as loaded",
+        "--draft-weights",
+        nargs="*",
+        default=[],
+        choices=["int8", "int4"],
+        help="also replay each draft with its weights rounded to each, paired against itself "
+        "as loaded",
     )
     args = ap.parse_args()
     torch.set_num_threads(2)
@@ -130,11 +133,17 @@ def main() -> None:
             rows = teacher_forced_results(draft, models, refs, k, budget, vocab)
             report(path, rows, prompts, k, first, cfg.run.seed)
             first = first or rows
-            if args.draft_int8:
+            for weights in args.draft_weights:
                 rounded = teacher_forced_results(
-                    draft, models, refs, k, budget, vocab, lambda m: int8_draft(m, models.target())
+                    draft,
+                    models,
+                    refs,
+                    k,
+                    budget,
+                    vocab,
+                    lambda m, w=weights: quantize_draft(m, w, models.target()),
                 )
-                report(f"{path} [int8]", rounded, prompts, k, rows, cfg.run.seed, "as loaded")
+                report(f"{path} [{weights}]", rounded, prompts, k, rows, cfg.run.seed, "as loaded")
 
 
 if __name__ == "__main__":

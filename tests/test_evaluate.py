@@ -719,31 +719,34 @@ def test_bf16_broken_verifier_still_fails(run_dir, monkeypatch):
         run_evaluate(_bf16(run_dir))
 
 
-def test_draft_int8_decodes_every_draft_in_int8_and_stays_lossless(run_dir, capsys):
-    run_evaluate(_cfg(run_dir, draft_int8=True))
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_draft_weights_decode_every_draft_rounded_and_stay_lossless(run_dir, capsys, weights):
+    run_evaluate(_cfg(run_dir, draft_weights=weights))
     board, out = _board(run_dir), capsys.readouterr().out
-    assert board["draft_int8"] is True
-    assert set(board["int8_widths"]) == {"checkpoint-0", "checkpoint-4", "checkpoint-8"}
+    assert board["draft_weights"] == weights
+    assert set(board["quant_widths"]) == {"checkpoint-0", "checkpoint-4", "checkpoint-8"}
+    assert all(q["weights"] == weights and q["layers"] for q in board["quant_widths"].values())
     engine = _by(board, "engine")
     assert engine and all(r["lossless_match_rate"] == 1.0 for r in engine.values())
     for name in ("checkpoint-0", "checkpoint-4", "checkpoint-8"):
-        assert f"[evaluate] {name}: " in out and "linear layers decode with int8 weights at" in out
+        said = f"linear layers decode with {weights} weights at"
+        assert f"[evaluate] {name}: " in out and said in out
     cached = [json.loads(p.read_text()) for p in (run_dir / "eval" / "results").glob("*.json")]
     drafts = [c["settings"] for c in cached if "draft" in c["settings"]]
-    assert drafts and all(s["draft_int8"] is True for s in drafts)
+    assert drafts and all(s["draft_weights"] == weights for s in drafts)
 
 
-def test_the_replay_hook_rounds_the_draft_as_the_int8_stage_does(run_dir):
-    """kinds.teacher_forced_results(prepare=int8_draft), what estimate_acceptance.py
-    --draft-int8 replays, counts what the stage's teacher-forced rows count with
-    evaluate.draft_int8 on: same prompts, same rounded weights."""
+def test_the_replay_hook_rounds_the_draft_as_the_int4_stage_does(run_dir):
+    """kinds.teacher_forced_results(prepare=quantize_draft), what estimate_acceptance.py
+    --draft-weights replays, counts what the stage's teacher-forced rows count with
+    evaluate.draft_weights on: same prompts, same rounded weights."""
     from draftsmith.evaluate.native import Models, NativeEvaluator
     from draftsmith.evaluate.prompts import eval_sets, load_prompts
     from draftsmith.evaluate.records import DraftEntry
-    from draftsmith.int8_draft import int8_draft
     from draftsmith.kinds import teacher_forced_results
+    from draftsmith.quant_draft import quantize_draft
 
-    run_evaluate(_cfg(run_dir, draft_int8=True))
+    run_evaluate(_cfg(run_dir, draft_weights="int4"))
     rounded_board = _by(_board(run_dir), "teacher_forced")
     run_evaluate(_cfg(run_dir))
     loaded_board = _by(_board(run_dir), "teacher_forced")
@@ -757,7 +760,7 @@ def test_the_replay_hook_rounds_the_draft_as_the_int8_stage_does(run_dir):
     for name in ("checkpoint-0", "checkpoint-4", "checkpoint-8"):
         entry = DraftEntry(name=name, ref=str(run_dir / "checkpoints" / name), kind="independent")
         rows = teacher_forced_results(
-            entry, models, refs, 3, 12, vocab, lambda m: int8_draft(m, models.target())
+            entry, models, refs, 3, 12, vocab, lambda m: quantize_draft(m, "int4", models.target())
         )
         accepted = sum(r["accepted"] for r in rows)
         assert accepted == rounded_board[name]["tokens_accepted"], name
@@ -765,17 +768,17 @@ def test_the_replay_hook_rounds_the_draft_as_the_int8_stage_does(run_dir):
     assert changed  # the rounding moves some draft's proposals: the hook is not a no-op
 
 
-def test_a_reloaded_int8_draft_keeps_its_first_timed_widths(run_dir, capsys, monkeypatch):
+def test_a_reloaded_rounded_draft_keeps_its_first_timed_widths(run_dir, capsys, monkeypatch):
     """The stage keeps one draft loaded; a draft loaded again is rounded again but keeps the
     input widths timed at its first load (a second timing could choose differently), and
     the choice is printed once."""
-    from draftsmith import int8_draft as mod
+    from draftsmith import quant_draft as mod
     from draftsmith.evaluate.native import Models, NativeEvaluator
     from draftsmith.evaluate.records import DraftEntry
 
     choices = iter([({1, 2}, {}), ({3}, {}), ({5, 6}, {})])  # a different choice per timing
-    monkeypatch.setattr(mod, "choose_int8_widths", lambda layers: next(choices))
-    cfg = _cfg(run_dir, draft_int8=True)
+    monkeypatch.setattr(mod, "choose_kernel_widths", lambda layers: next(choices))
+    cfg = _cfg(run_dir, draft_weights="int4")
     ev = NativeEvaluator(cfg, run_dir / "eval" / "results", Models(cfg))
     a, b = (
         DraftEntry(name=n, ref=str(run_dir / "checkpoints" / n), kind="independent")
@@ -786,14 +789,11 @@ def test_a_reloaded_int8_draft_keeps_its_first_timed_widths(run_dir, capsys, mon
     again = ev.draft_model(a)  # evicted by b: loaded and rounded again
     assert again is not first
     widths = {
-        m.int8_widths and frozenset(m.int8_widths)
-        for m in again.modules()
-        if hasattr(m, "int8_widths")
+        frozenset(m.kernel_widths) for m in again.modules() if isinstance(m, mod.QuantWeightLinear)
     }
     assert widths == {frozenset({1, 2})}
-    assert ev.int8["checkpoint-0"]["int8_widths"] == [1, 2] and ev.int8["checkpoint-4"][
-        "int8_widths"
-    ] == [3]
+    assert ev.quant["checkpoint-0"]["kernel_widths"] == [1, 2]
+    assert ev.quant["checkpoint-4"]["kernel_widths"] == [3]
     out = capsys.readouterr().out
     assert (
         out.count("[evaluate] checkpoint-0: ") == 1 and out.count("[evaluate] checkpoint-4: ") == 1

@@ -127,13 +127,13 @@ def test_export_takes_the_primary_sets_engine_row_and_the_card_shows_every_set(c
     assert "the spread is too wide to rank it above k=1" in card
 
 
-def test_the_card_says_when_the_draft_was_measured_in_int8(cfg, tmp_path):
+def test_the_card_says_when_the_draft_was_measured_with_rounded_weights(cfg, tmp_path):
     from draftsmith.export import choose_row, model_card
 
     row = choose_row(BOARD, None)
-    note = "The draft was decoded with int8 weights (evaluate.draft_int8)"
+    note = "The draft was decoded with int4 weights (evaluate.draft_weights)"
     plain = model_card(cfg, BOARD, row, 2, tmp_path / "export", _record("forward_kl"))
-    int8 = model_card(
-        cfg, {**BOARD, "draft_int8": True}, row, 2, tmp_path / "export", _record("forward_kl")
+    int4 = model_card(
+        cfg, {**BOARD, "draft_weights": "int4"}, row, 2, tmp_path / "export", _record("forward_kl")
     )
-    assert note not in plain and note in int8
+    assert note not in plain and note in int4

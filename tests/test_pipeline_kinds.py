@@ -202,7 +202,7 @@ def test_estimate_acceptance_script_replays_both_kinds_as_the_leaderboard(both_r
     k, budget = cfg.evaluate.num_speculative_tokens, cfg.evaluate.max_new_tokens
     proc = subprocess.run(
         [sys.executable, "scripts/estimate_acceptance.py", str(out), "--k", str(k)]
-        + ["--max-new-tokens", str(budget), "--draft-int8"],
+        + ["--max-new-tokens", str(budget), "--draft-weights", "int8"],
         capture_output=True,
         text=True,
         cwd=Path(__file__).resolve().parents[1],
@@ -222,14 +222,14 @@ def test_estimate_acceptance_script_replays_both_kinds_as_the_leaderboard(both_r
     assert any(p.startswith("eagle3/") for p in printed)
     for path, acceptance in tf.items():
         assert printed[path] == pytest.approx(acceptance, abs=5e-4), path
-    # --draft-int8: each draft again with rounded weights, paired against itself as loaded
+    # --draft-weights: each draft again with rounded weights, paired against itself as loaded
     line = r"^(\S+) \[int8\]: acceptance [0-9.]+ .* alpha vs as loaded"
     rounded = re.findall(line, proc.stdout, re.M)
     assert {Path(p).relative_to(out).as_posix() for p in rounded} == set(tf)
 
 
-def test_both_kinds_decode_with_int8_weights_and_stay_lossless(both_run, tmp_path):
-    """evaluate.draft_int8 on a run of both kinds (the long pair config's setting): the
+def test_both_kinds_decode_with_int4_weights_and_stay_lossless(both_run, tmp_path):
+    """evaluate.draft_weights: int4 on a run of both kinds (the long pair config's setting): the
     eagle3 head's own layers are rounded too (its fc is read for its dtype), the target's are
     not, and every engine row still gives the target's output."""
     import shutil
@@ -237,12 +237,16 @@ def test_both_kinds_decode_with_int8_weights_and_stay_lossless(both_run, tmp_pat
     out = tmp_path / "run"
     shutil.copytree(both_run[0], out)
     proc = draftsmith(
-        "evaluate", "configs/tiny.yaml", f"run.output_dir={out}", KINDS, "evaluate.draft_int8=true"
+        "evaluate",
+        "configs/tiny.yaml",
+        f"run.output_dir={out}",
+        KINDS,
+        "evaluate.draft_weights=int4",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     board = json.loads((out / "eval" / "leaderboard.json").read_text())
-    assert board["draft_int8"] is True
-    assert any(name.startswith("eagle3-") for name in board["int8_widths"])
+    assert board["draft_weights"] == "int4"
+    assert any(name.startswith("eagle3-") for name in board["quant_widths"])
     engine = [r for r in board["rows"] if r["measured_by"] == "engine"]
     assert {r["kind"] for r in engine} == {"independent", "eagle3"}
     assert all(r["lossless_match_rate"] == 1.0 for r in engine)

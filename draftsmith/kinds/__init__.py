@@ -125,7 +125,7 @@ def teacher_forced_results(
 ) -> list[dict]:
     """The engine's greedy counts for `draft` (no timings) on refs, by its kind's replay: per
     prompt {"id", "category", "prompt_ids", "tokens": the target's greedy output}.
-    `prepare(module)`, if given, changes the loaded draft in place first (int8 weights)."""
+    `prepare(module)`, if given, changes the loaded draft in place first (rounded weights)."""
     from draftsmith.evaluate.teacher_forced import teacher_forced_results as replay
 
     kind = kind_of(draft)
