@@ -180,9 +180,8 @@ class NativeEvaluator:
         self._draft_cache: dict[str, object] = {}
         self._passes: dict[tuple, list[dict]] = {}
         self.kernels: dict | None = None  # evaluate.cpu_few_row_linear's choice (few_rows)
-        self.quant: dict[
-            str, dict
-        ] = {}  # evaluate.draft_weights: per draft, quantize_draft's choice
+        # evaluate.draft_weights: per draft, quantize_draft's choice
+        self.quant: dict[str, dict] = {}
 
     def settings(self, prompts: list[dict]) -> dict:
         return run_settings(self.cfg, prompts, self.target_path)

@@ -169,3 +169,31 @@ def test_the_old_draft_int8_key_reads_as_draft_weights(tmp_path, capsys):
         config_from_dict({**base, "evaluate": {"draft_int8": True, "draft_weights": "int4"}})
     with pytest.raises(ConfigError, match=r"^evaluate\.draft_int8: must be one of"):
         config_from_dict({**base, "evaluate": {"draft_int8": "int4"}})
+
+
+def test_bench_draft_weights_times_every_form_against_the_target(tiny_model_dir):
+    """scripts/bench_draft_weights.py on a tiny pair: one line per form with its step, its
+    speed over the as-loaded draft and its c, the as-loaded one at exactly 1.00x."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    model = str(tiny_model_dir)
+    proc = subprocess.run(
+        [sys.executable, "scripts/bench_draft_weights.py", "--target", model, "--draft", model]
+        + ["--dtype", "float32", "--repeats", "3", "--context", "16"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = r"^draft (\S+) +([0-9.]+) ms a step +([0-9.]+)x as loaded .* c ([0-9.]+) "
+    rows = {
+        m[1]: (float(m[2]), float(m[3]), float(m[4])) for m in re.finditer(line, proc.stdout, re.M)
+    }
+    assert set(rows) == {"as_loaded", "int8", "int4"}
+    assert rows["as_loaded"][1] == 1.0
+    assert all(ms > 0 and speed > 0 and c > 0 for ms, speed, c in rows.values())
+    layers = dict(re.findall(r"^(int8|int4): (\d+) layers", proc.stdout, re.M))
+    assert int(layers["int8"]) > 0 and int(layers["int4"]) > 0
