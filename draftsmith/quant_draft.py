@@ -25,6 +25,7 @@ Activations stay unquantized (weight-only). Layers whose weight is a parameter o
 
 from __future__ import annotations
 
+import abc
 import statistics
 import time
 
@@ -38,7 +39,7 @@ WIDTHS = range(1, 9)  # input rows timed: a draft step is 1, a round's first ste
 INT4_GROUP = 32  # inputs sharing one int4 scale and offset (the kernel takes 32..256)
 
 
-class QuantWeightLinear(torch.nn.Module):
+class QuantWeightLinear(torch.nn.Module, abc.ABC):
     """y = x @ W_q^T + b with W_q the layer's weight rounded to a few bits (a subclass says how).
 
     Inputs of `kernel_widths` rows (a decode step, a round's first step) go through the
@@ -59,13 +60,13 @@ class QuantWeightLinear(torch.nn.Module):
         bias = None if linear.bias is None else linear.bias.detach().clone()
         self.register_buffer("bias", bias)
 
+    @abc.abstractmethod
     def _quantize(self, w: torch.Tensor) -> torch.Tensor:
         """Store the kernel's buffers for w (out, in), fp32 -> the rounded weight, fp32."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
         """(rows, in) bf16 -> (rows, out), by the quantized kernel."""
-        raise NotImplementedError
 
     def dequantized(self) -> torch.Tensor:
         """The float weight this layer multiplies by, (out, in): for tests and error bounds."""

@@ -52,7 +52,7 @@ from draftsmith.models import (
     pick_device,
     resolve_model,
 )
-from draftsmith.quant_draft import quantize_draft
+from draftsmith.quant_draft import LAYERS, quantize_draft
 
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
@@ -355,7 +355,7 @@ def main() -> None:
         "--draft-weights",
         nargs="*",
         default=[],
-        choices=["int8", "int4"],
+        choices=list(LAYERS),
         help="sweep mode: the native engine drafts with the draft's weights rounded to each "
         "(evaluate.draft_weights); transformers' assisted generation runs with each rounded "
         "and the as-loaded draft",

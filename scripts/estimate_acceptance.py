@@ -38,7 +38,7 @@ from draftsmith.evaluate.prompts import eval_sets, load_prompts
 from draftsmith.evaluate.records import DraftEntry
 from draftsmith.kinds import KINDS, checkpoint_kind, teacher_forced_results
 from draftsmith.models import load_target_config
-from draftsmith.quant_draft import quantize_draft
+from draftsmith.quant_draft import LAYERS, quantize_draft
 
 
 def read_sets(run: Path, cfg, prompts_file: Path | None, names: list[str]) -> dict[str, list]:
@@ -105,7 +105,7 @@ def main() -> None:
         "--draft-weights",
         nargs="*",
         default=[],
-        choices=["int8", "int4"],
+        choices=list(LAYERS),
         help="also replay each draft with its weights rounded to each, paired against itself "
         "as loaded",
     )
