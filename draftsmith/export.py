@@ -27,6 +27,7 @@ from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.evaluate.records import LeaderboardRow, rows_from_dicts
 from draftsmith.evaluate.report import (
     TRAINED_ROLES,
+    format_category_ks,
     format_comparison,
     format_recommendation,
     format_sweep,
@@ -220,6 +221,14 @@ def _quant_note(board: dict) -> str:
     )
 
 
+def _category_ks(board: dict) -> str:
+    """The per-category recommended k, for a server that sees mostly one kind of content."""
+    lines = format_category_ks(board)
+    if not lines:
+        return ""
+    return "\n" + lines[0][0].upper() + lines[0][1:] + "\n```\n" + "\n".join(lines[1:]) + "\n```\n"
+
+
 def _init(meta: dict | None, row: LeaderboardRow) -> str:
     if row.role == "baseline":
         return "external (evaluate.baselines)"
@@ -329,7 +338,7 @@ range over prompts]:
 {sweep}
 ```
 {format_recommendation({**board, "recommended_k": k})}.
-
+{_category_ks(board)}
 ## Use it
 {kind.card_usage(spec, target_path, out.resolve(), k)}
 """

@@ -152,6 +152,7 @@ def costed_sweep_entry(
     entry["modelled_speedup_in_run"] = engine.modelled_speedup_verify if engine else None
     # ... and with the run's prompt prefills (the draft's own among them) counted
     entry["modelled_request_in_run"] = engine.modelled_speedup_request if engine else None
+    entry["per_category"] = category_points(acceptance, engine, k, costs)
     model = modelled_quartiles(acceptance.alpha, k, costs) if costs else None
     if model is not None:
         plain, verify = model
@@ -166,6 +167,36 @@ def costed_sweep_entry(
             "modelled_speedup_iqr": [verify[0], verify[2]],
         }
     return entry
+
+
+def category_points(
+    acceptance: LeaderboardRow, engine: LeaderboardRow | None, k: int, costs: dict | None
+) -> dict:
+    """A fixed-k sweep point split by category, where the set has several: each category's
+    alpha over its own prompts, the modelled speedup at k from that alpha and the same timed
+    costs (one draft, one target, one machine: only acceptance differs by content), and the
+    engine's wall clock on its prompts of that category. {} for a set of one category."""
+    if len(acceptance.per_category) < 2:
+        return {}
+    out = {}
+    for cat, m in sorted(acceptance.per_category.items()):
+        eng = engine.per_category.get(cat) if engine else None
+        point = {
+            "alpha": m.alpha,
+            "mean_accepted_length": m.mean_accepted_length,
+            "num_prompts": m.num_prompts,
+            "speedup": eng.speedup if eng else None,
+            "engine_prompts": eng.num_prompts if eng else 0,
+            "modelled_speedup_verify": None,
+            "modelled_speedup_iqr": None,
+        }
+        model = modelled_quartiles(m.alpha, k, costs) if costs else None
+        if model is not None:
+            verify = model[1]
+            point["modelled_speedup_verify"] = verify[1]
+            point["modelled_speedup_iqr"] = [verify[0], verify[2]]
+        out[cat] = point
+    return out
 
 
 def dynamic_sweep_entry(row: LeaderboardRow, costs: dict | None) -> dict:
@@ -271,6 +302,31 @@ def recommend_k(sweep: list[dict]) -> dict:
         "wall_clock": None,
         "dynamic": None,
     }
+
+
+def recommend_k_by_category(sweep: list[dict]) -> dict:
+    """{category: {"k", "by", "clear", "runner_up", "alpha", "modelled_speedup_verify",
+    "speedup"}}: recommend_k's rule applied to each category's own fixed-k points
+    (category_points), for a server that sees mostly one kind of content. Acceptance
+    differs by content (code is re-typed, prose is not), so the best k does too; the costs
+    are the run's. {} when the sweep has no categories (one-category sets, vLLM)."""
+    fixed = [s for s in sweep if s.get("stop_threshold") is None]
+    cats = sorted({cat for s in fixed for cat in s.get("per_category") or {}})
+    out = {}
+    for cat in cats:
+        points = [
+            {"k": s["k"], **s["per_category"][cat]}
+            for s in fixed
+            if cat in (s.get("per_category") or {})
+        ]
+        for key, spread in K_RULES:
+            choice = rank_ks(points, key, spread)
+            if choice is not None:
+                best = next(p for p in points if p["k"] == choice["k"])
+                figures = ("alpha", "modelled_speedup_verify", "speedup", "engine_prompts")
+                out[cat] = {**choice, **{f: best.get(f) for f in figures}}
+                break
+    return out
 
 
 def draft_path(draft: DraftEntry) -> str:

@@ -221,6 +221,28 @@ def format_recommendation(board: dict) -> str:
     return line
 
 
+def format_category_ks(board: dict) -> list[str]:
+    """The recommended k per category, one line each: the modelled speedup it was chosen by
+    and the engine's wall clock at that k on the category's engine prompts."""
+    by_cat = board.get("k_by_category") or {}
+    if not by_cat:
+        return []
+    lines = ["recommended k per category (its own acceptance, the run's costs):"]
+    for cat, r in by_cat.items():
+        runner = ""
+        if r.get("runner_up") is not None and not r.get("clear"):
+            runner = f", not clear of k={r['runner_up']}"
+        measured = ""
+        if r.get("speedup") is not None:
+            n = r.get("engine_prompts")
+            measured = f", measured {r['speedup']:.2f}x on {n} prompt{'s' * (n != 1)}"
+        lines.append(
+            f"  {cat}: k={r['k']} (alpha {_cell(r.get('alpha'), '{:.3f}')}, modelled "
+            f"{_cell(r.get('modelled_speedup_verify'), '{:.2f}x')}{measured}{runner})"
+        )
+    return lines
+
+
 def sweep_label(entry: dict) -> str:
     """k=4, or k<=6 stop<0.5 for a dynamic-lookahead point."""
     t = entry.get("stop_threshold")
@@ -241,6 +263,7 @@ def format_table(board: dict) -> str:
     lines.append(f"best: {board['best']} by {board['select_metric']}{where}; k sweep:")
     lines += format_sweep(board)
     lines.append(format_recommendation(board))
+    lines += format_category_ks(board)
     for c in board.get("comparisons", []):
         prefix = f"[{c['eval_set']}] " if c.get("eval_set") else ""
         lines.append(prefix + format_comparison(c))
@@ -322,6 +345,9 @@ def log_wandb(cfg: Config, board: dict, images: list[Path]) -> None:
             {
                 "best": board["best"],
                 "recommended_k": board["recommended_k"],
+                "recommended_k_by_category": {
+                    cat: r["k"] for cat, r in (board.get("k_by_category") or {}).items()
+                },
                 "primary_eval_set": primary,
             }
         )

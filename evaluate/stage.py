@@ -14,7 +14,8 @@ with evaluate.turn2 also `<set>-turn2`, evaluate/second_turn.py):
      cost ratios, the losslessness check, and a check that its counts equal the replay's;
   4. the best draft by evaluate.select_metric on evaluate.primary_eval_set, its k sweep on
      that set and its draft/verify costs timed robustly (evaluate/timing.py) -> the
-     recommended k (ranking.recommend_k);
+     recommended k (ranking.recommend_k), and one per category from that category's own
+     acceptance at the same costs (ranking.recommend_k_by_category);
   5. leaderboard.{json,csv}, plots, a printed table and a W&B log (evaluate/report.py).
 
 Every row carries `eval_set` and `measured_by`: "teacher_forced" (exact counts over every
@@ -51,7 +52,7 @@ from draftsmith.evaluate.prompts import (
     load_prompts,
     primary_set,
 )
-from draftsmith.evaluate.ranking import recommend_k
+from draftsmith.evaluate.ranking import recommend_k, recommend_k_by_category
 from draftsmith.io import atomic_write_json, clean_stale_temps
 from draftsmith.models import load_target_config, resolve_model
 from draftsmith.rundir import record_config
@@ -154,6 +155,8 @@ def run_evaluate(cfg: Config) -> None:
         "best_path": out["best"].path,
         "recommended_k": rec["k"],
         "k_recommendation": rec,
+        # the same rule on each category's own acceptance (primary set, fixed k)
+        "k_by_category": recommend_k_by_category(sweep),
         "k_sweep": sweep,
         "costs": out["costs"],
         "kernels": out.get("kernels"),  # which few-row matmul form the engine used, and why

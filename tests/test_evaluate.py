@@ -18,8 +18,14 @@ from draftsmith.data import EVAL_PROMPT_KEYS
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.evaluate.metrics import summarize
 from draftsmith.evaluate.prompts import select_prompts
-from draftsmith.evaluate.ranking import dynamic_sweep_entry, pick_best, recommend_k
-from draftsmith.evaluate.records import LeaderboardRow, rows_from_dicts
+from draftsmith.evaluate.ranking import (
+    costed_sweep_entry,
+    dynamic_sweep_entry,
+    pick_best,
+    recommend_k,
+    recommend_k_by_category,
+)
+from draftsmith.evaluate.records import LeaderboardRow, MetricSummary, rows_from_dicts
 from draftsmith.evaluate.stage import run_evaluate
 
 PROMPTS = [
@@ -181,6 +187,15 @@ def test_evaluate_ranks_checkpoints_and_writes_reports(run_dir, capsys):
     modelled = max(board["k_sweep"], key=lambda s: s["modelled_speedup_verify"])
     assert board["recommended_k"] == rec["k"] == modelled["k"]
     assert rec["by"] == "modelled_speedup_verify"
+    # the sweep split by category: each category's alpha through the same costs, and a k each
+    for s in board["k_sweep"]:
+        assert set(s["per_category"]) == {"code", "chat", "math"}
+        for point in s["per_category"].values():  # the perfect draft: (k+1) / (k c + v)
+            assert point["alpha"] == 1.0 and point["engine_prompts"] >= 1
+            assert point["modelled_speedup_verify"] == pytest.approx(s["modelled_speedup_verify"])
+    assert {cat: r["k"] for cat, r in board["k_by_category"].items()} == dict.fromkeys(
+        ["chat", "code", "math"], rec["k"]
+    )
     csv = (run_dir / "eval" / "leaderboard.csv").read_text().splitlines()
     assert csv[0].startswith("checkpoint,kind,step,acceptance_rate") and len(csv) == 1 + 5
     assert all(line.split(",")[1] == "independent" for line in csv[1:])
@@ -191,6 +206,8 @@ def test_evaluate_ranks_checkpoints_and_writes_reports(run_dir, capsys):
     assert printed.count("*checkpoint-8") == 2  # its replay row and its engine row
     assert f"recommended k = {rec['k']}, by the modelled speedup" in printed
     assert printed.count("in-run model ") == 2  # one per k of the sweep
+    assert "recommended k per category (its own acceptance, the run's costs):" in printed
+    assert f"  code: k={rec['k']} (alpha 1.000, modelled " in printed
     # the last distilled checkpoint (the perfect draft) against the init, paired by prompt
     (cmp,) = board["comparisons"]
     assert (cmp["draft"], cmp["against"], cmp["role"]) == ("checkpoint-8", "checkpoint-0", "init")
@@ -388,6 +405,61 @@ def test_recommended_k_follows_the_modelled_optimum_not_the_wall_clock():
     # nothing modelled (the vLLM backend): the measured speedup chooses
     vllm = [{"k": 1, "speedup": 1.2}, {"k": 4, "speedup": 1.6}, {"k": 8, "speedup": 1.4}]
     assert recommend_k(vllm)["k"] == 4 and recommend_k(vllm)["by"] == "speedup"
+
+
+def _closed_form(a: float, k: int, c: float, v: float) -> float:
+    return (1 - a ** (k + 1)) / ((1 - a) * (k * c + v))
+
+
+def test_each_category_gets_the_k_its_own_acceptance_recommends():
+    """Code that the draft re-types (alpha 0.95) pays for long rounds, prose (0.55) does not:
+    the per-category k is the closed-form optimum of each one's alpha at the shared costs."""
+    c, v, ks = 0.2, 1.05, [1, 2, 3, 4, 5, 6]
+    costs = {
+        "c": [c] * 3,
+        "v": {str(k): [v] * 3 for k in ks},
+        "draft_cost_ratio": [c] * 3,
+        "verify_cost_ratio": {str(k): [v] * 3 for k in ks},
+    }
+    alphas = {"code": 0.95, "writing": 0.55}
+
+    def row(k, measured_by, speedups=None):
+        per_cat = {
+            cat: MetricSummary(num_prompts=2, alpha=a, speedup=(speedups or {}).get(cat))
+            for cat, a in alphas.items()
+        }
+        return _row(
+            "d",
+            num_speculative_tokens=k,
+            alpha=0.75,
+            measured_by=measured_by,
+            num_prompts=4,
+            per_category=per_cat,
+        )
+
+    sweep = [
+        costed_sweep_entry(
+            row(k, "teacher_forced"), row(k, "engine", {"code": 1.0 + k / 10}), costs
+        )
+        for k in ks
+    ]
+    for s in sweep:
+        for cat, a in alphas.items():
+            point = s["per_category"][cat]
+            assert point["modelled_speedup_verify"] == pytest.approx(_closed_form(a, s["k"], c, v))
+            assert point["alpha"] == a and point["num_prompts"] == 2
+        assert s["per_category"]["code"]["speedup"] == pytest.approx(1.0 + s["k"] / 10)
+        assert s["per_category"]["writing"]["speedup"] is None  # no engine figure for it
+    by_cat = recommend_k_by_category(sweep)
+    for cat, a in alphas.items():
+        best = max(ks, key=lambda k: _closed_form(a, k, c, v))
+        assert by_cat[cat]["k"] == best and by_cat[cat]["by"] == "modelled_speedup_verify"
+    assert by_cat["code"]["k"] >= 4 and by_cat["writing"]["k"] <= 2  # they differ
+    assert by_cat["code"]["speedup"] == pytest.approx(1.0 + by_cat["code"]["k"] / 10)
+    # a dynamic point or a vLLM sweep (no categories) adds no category of its own
+    sweep.append({"k": 6, "stop_threshold": 0.5, "modelled_speedup_verify": 9.0})
+    assert recommend_k_by_category(sweep) == by_cat
+    assert recommend_k_by_category([{"k": 1, "speedup": 1.2}]) == {}
 
 
 def test_a_dynamic_lookahead_point_ranks_beside_the_fixed_ks_without_replacing_k():

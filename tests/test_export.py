@@ -125,6 +125,33 @@ def test_export_takes_the_primary_sets_engine_row_and_the_card_shows_every_set(c
     assert "| math | 0.111 |" in sets and "0.333" not in sets  # this draft's rows only
     assert "recommended k = 2, by the modelled speedup" in card
     assert "the spread is too wide to rank it above k=1" in card
+    assert "per category" not in card  # a board without a per-category k says nothing of it
+    by_cat = {
+        "coding": {
+            "k": 5,
+            "clear": True,
+            "runner_up": 4,
+            "alpha": 0.82,
+            "modelled_speedup_verify": 1.91,
+            "speedup": 1.95,
+            "engine_prompts": 1,
+        },
+        "writing": {
+            "k": 3,
+            "clear": False,
+            "runner_up": 2,
+            "alpha": 0.64,
+            "modelled_speedup_verify": 1.52,
+            "speedup": None,
+            "engine_prompts": 0,
+        },
+    }
+    card = model_card(
+        cfg, {**BOARD, "k_by_category": by_cat}, row, 2, tmp_path / "export", _record("forward_kl")
+    )
+    assert "Recommended k per category (its own acceptance, the run's costs):" in card
+    assert "  coding: k=5 (alpha 0.820, modelled 1.91x, measured 1.95x on 1 prompt)" in card
+    assert "  writing: k=3 (alpha 0.640, modelled 1.52x, not clear of k=2)" in card
 
 
 def test_the_card_says_when_the_draft_was_measured_with_rounded_weights(cfg, tmp_path):
