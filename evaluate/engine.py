@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from draftsmith.decode_step import decode_logits
 from draftsmith.evaluate.metrics import token_outcomes
 from draftsmith.fast_linear import cpu_few_row_linear
 from draftsmith.kv_cache import cache_kwarg, crop_cache, new_cache
@@ -235,8 +236,8 @@ class CausalLMProposer(Proposer):
         return torch.cat(tokens), (torch.stack(probs) if probs else None)  # (k',), (k', V)
 
     def _logits(self, ids: torch.Tensor) -> torch.Tensor:
-        out = self.module(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._kw: self.cache})
-        return out.logits[0, -1, : self.ctx.vocab]  # (V,)
+        # the fast step where the model has one (draftsmith/decode_step.py), else its forward
+        return decode_logits(self.module, ids, self.cache)[: self.ctx.vocab]  # (V,)
 
     def crop(self, keep: int) -> None:
         # after a full accept the cache lacks d_k: it rides along with the next round's input

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from draftsmith.decode_step import decode_logits
 from draftsmith.evaluate.metrics import quartiles
 from draftsmith.fast_linear import RowSwitch, cpu_few_row_linear
 from draftsmith.kv_cache import cache_kwarg, crop_cache, new_cache
@@ -85,14 +86,20 @@ def cost_ratios(times: dict[str, list[float]], ks: Sequence[int]) -> dict:
 # ----------------------------------------------------------------------------- model steps
 
 
-def cached_forward(model, context: Sequence[int], feed: Sequence[int]) -> Step:
-    """A forward of `feed` (1 or k+1 tokens) on top of a cache holding `context`."""
+def _prefilled(model, context: Sequence[int]):
+    """(cache holding `context`, its length, the model's device)."""
     device = next(model.parameters()).device
     cache, kw = new_cache(model), cache_kwarg(model)
     with torch.inference_mode():
         ids = torch.tensor([list(context)], device=device)  # (1, C)
         model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: cache})
-    keep = cache.get_seq_length()
+    return cache, cache.get_seq_length(), device
+
+
+def cached_forward(model, context: Sequence[int], feed: Sequence[int]) -> Step:
+    """A forward of `feed` (1 or k+1 tokens) on top of a cache holding `context`."""
+    cache, keep, device = _prefilled(model, context)
+    kw = cache_kwarg(model)
     ids = torch.tensor([list(feed)], device=device)  # (1, n)
 
     def run() -> None:
@@ -102,8 +109,11 @@ def cached_forward(model, context: Sequence[int], feed: Sequence[int]) -> Step:
 
 
 def causal_lm_draft_step(draft, context: Sequence[int], token: int) -> Step:
-    """A causal-LM draft's proposal step: one 1-token forward with its own KV cache."""
-    return cached_forward(draft, context, [token])
+    """A causal-LM draft's proposal step: one 1-token step with its own KV cache, taken as
+    the engine takes it (decode_step.decode_logits: the fast step where the model has one)."""
+    cache, keep, device = _prefilled(draft, context)
+    ids = torch.tensor([[token]], device=device)  # (1, 1)
+    return lambda: decode_logits(draft, ids, cache), lambda: crop_cache(cache, keep)
 
 
 @torch.inference_mode()

@@ -25,7 +25,12 @@ import copy
 import torch
 
 from draftsmith.evaluate.metrics import quartiles
-from draftsmith.evaluate.timing import cached_forward, choose_few_rows, interleaved
+from draftsmith.evaluate.timing import (
+    cached_forward,
+    causal_lm_draft_step,
+    choose_few_rows,
+    interleaved,
+)
 from draftsmith.fast_linear import cpu_few_row_linear
 from draftsmith.models import load_model
 from draftsmith.quant_draft import quantize_draft
@@ -55,7 +60,8 @@ def main() -> None:
         print(f"{weights}: {info['layers']} layers, kernel at widths {info['kernel_widths']}")
 
     steps = {"target": cached_forward(target, context, context[:1])}
-    steps |= {f"draft {w}": cached_forward(d, context, context[:1]) for w, d in drafts.items()}
+    # each draft's step as the engine takes it (draftsmith/decode_step.py)
+    steps |= {f"draft {w}": causal_lm_draft_step(d, context, context[0]) for w, d in drafts.items()}
     # the as-loaded draft takes the target's one-row choice, as in the engine (the rounded
     # drafts' layers are not nn.Linear: their own kernels)
     with torch.inference_mode(), cpu_few_row_linear(target, drafts["as_loaded"], enabled=few_rows):

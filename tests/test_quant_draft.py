@@ -197,3 +197,28 @@ def test_bench_draft_weights_times_every_form_against_the_target(tiny_model_dir)
     assert all(ms > 0 and speed > 0 and c > 0 for ms, speed, c in rows.values())
     layers = dict(re.findall(r"^(int8|int4): (\d+) layers", proc.stdout, re.M))
     assert int(layers["int8"]) > 0 and int(layers["int4"]) > 0
+
+
+def test_bench_draft_step_times_the_same_step_every_way(tiny_model_dir):
+    """scripts/bench_draft_step.py on a tiny draft: the fast and static steps' logits match
+    the forward's (the script stops otherwise), and every way of stepping is timed, the
+    forward at exactly 1.00 of itself."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run(
+        [sys.executable, "scripts/bench_draft_step.py", "--draft", str(tiny_model_dir)]
+        + ["--dtype", "float32", "--repeats", "3", "--context", "16", "--no-compile"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("static, eager", "fast step"):
+        assert re.search(rf"^{name}: logits within \S+ of the forward's", proc.stdout, re.M)
+    line = r"^  (forward|fast step|matmuls only|static, eager) +([0-9.]+) ms .* ([0-9.]+) of the forward"
+    rows = {m[1]: (float(m[2]), float(m[3])) for m in re.finditer(line, proc.stdout, re.M)}
+    assert set(rows) == {"forward", "fast step", "matmuls only", "static, eager"}
+    assert rows["forward"][1] == 1.0 and all(ms > 0 for ms, _ in rows.values())
