@@ -5,13 +5,13 @@ A draft's step is the cost speculative decoding pays per drafted token, and on C
 0.5B draft's step in int4 weights spent only about 60% of its time in the matmuls when it
 ran through the transformers forward (`scripts/bench_draft_step.py`, README "The draft's
 step, written out"). The rest is the forward's generality: mask building, output
-dataclasses, per-layer hooks and kwargs, the quantized layers' width dispatch. For the
+dataclasses, per-layer hooks and kwargs, the quantized layers' no-op casts. For the
 decoders the pair and the quick config use (Llama: SmolLM2; Qwen2: Qwen2.5-Coder) this
 module runs the step as a plain loop over the layers, calling the model's own modules for
-embeddings, norms, rotary tables and activations, the quantized kernels directly, and
-torch's scaled_dot_product_attention over the same KV cache the forward fills. On this CPU
-it took the int4 0.5B's step to 0.85-0.87 of the forward's time, with logits bit-identical
-to the forward's.
+embeddings, norms, rotary tables and activations, the quantized layers' forwards without
+the module dispatch, and torch's scaled_dot_product_attention over the same KV cache the
+forward fills. On this CPU it took the int4 0.5B's step to 0.85-0.87 of the forward's time,
+with logits bit-identical to the forward's.
 
 Scope and safety:
 - only drafts: the target always runs the transformers forward, so its logits (which
@@ -66,18 +66,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _linear(layer, x: torch.Tensor) -> torch.Tensor:
-    """layer(x), a quantized layer at a kernel width through its kernel directly (the same
-    operations as its forward, without the dispatch and the no-op casts)."""
-    if isinstance(layer, QuantWeightLinear):
-        rows = x.numel() // layer.in_features
-        if rows in layer.kernel_widths:
-            xb = x.reshape(rows, layer.in_features)
-            y = layer._kernel(xb if xb.dtype == torch.bfloat16 else xb.to(torch.bfloat16))
-            if layer.bias is not None:
-                y = y + layer.bias.to(y.dtype)
-            y = y.reshape(*x.shape[:-1], layer.out_features)
-            return y if y.dtype == x.dtype else y.to(x.dtype)
-    return layer(x)
+    """layer(x); a quantized layer (draftsmith's own, no hooks) through its forward directly,
+    without the module call's dispatch."""
+    return layer.forward(x) if isinstance(layer, QuantWeightLinear) else layer(x)
 
 
 class FastStep:

@@ -75,12 +75,12 @@ class QuantWeightLinear(torch.nn.Module, abc.ABC):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
         if rows not in self.kernel_widths:
-            return F.linear(x, self.weight_float.to(x.dtype), _cast(self.bias, x.dtype))
+            return F.linear(x, _cast(self.weight_float, x.dtype), _cast(self.bias, x.dtype))
         # both kernels' fp32-activation paths measured several times slower than bf16
-        y = self._kernel(x.reshape(rows, self.in_features).to(torch.bfloat16))  # (rows, out)
+        y = self._kernel(_cast(x.reshape(rows, self.in_features), torch.bfloat16))  # (rows, out)
         if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+            y = y + _cast(self.bias, y.dtype)
+        return _cast(y.reshape(*x.shape[:-1], self.out_features), x.dtype)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -141,7 +141,11 @@ KERNELS = {"int8": "_weight_int8pack_mm", "int4": "_weight_int4pack_mm_for_cpu"}
 
 
 def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    return None if t is None else t.to(dtype)
+    """t in `dtype`; a tensor already in it as it is (a draft step makes 169 of these calls,
+    and each no-op .to() is still a dispatch)."""
+    if t is None or t.dtype == dtype:
+        return t
+    return t.to(dtype)
 
 
 def quantizable(linear: torch.nn.Linear, weights: str) -> bool:
