@@ -185,6 +185,7 @@ def summarize(
         ),
         "modelled_speedup_request": request,
         **echo_split(spec, prompt_ids),
+        **confidence_split(spec, target_only),
     }
 
 
@@ -240,6 +241,42 @@ def echo_split(spec: Sequence[dict], prompt_ids: Sequence[Sequence[int]] | None)
         "echo_share": _ratio(echoes, tokens),
         "alpha_echo": _ratio(accepted[True], judged[True]),
         "alpha_new": _ratio(accepted[False], judged[False]),
+    }
+
+
+# The target is "sure" of its own token where it gives it at least this probability. The
+# draft's misses where it is not are choices among continuations the target itself finds
+# close: a draft learns those only by learning the target's own preferences, which takes
+# far more teacher tokens than fixing what the target is sure of (README "Where the misses
+# are").
+TARGET_SURE = 0.8
+
+
+def confidence_split(spec: Sequence[dict], target_only: Sequence[dict]) -> dict:
+    """Judged drafts split by the target's probability of its own token at that position
+    (target_only rows' "target_p", aligned with their tokens): target_sure_share (judged
+    drafts where it is >= TARGET_SURE / all judged), alpha on each side, and
+    misses_target_unsure (rejected drafts where the target was unsure / all rejected).
+    Positions count while a row's tokens equal the target's (a greedy output that left it
+    at a near-tie is counted up to there). Empty where the probabilities were not measured."""
+    if any(b.get("target_p") is None for b in target_only) or any(
+        r.get("outcome") is None for r in spec
+    ):
+        return {}
+    judged, accepted = {True: 0, False: 0}, {True: 0, False: 0}
+    for r, b in zip(spec, target_only):
+        for outcome, tok, ref, p in zip(r["outcome"], r["tokens"], b["tokens"], b["target_p"]):
+            if tok != ref:
+                break
+            sure = p >= TARGET_SURE
+            judged[sure] += outcome >= 0
+            accepted[sure] += outcome == 1
+    missed = {sure: judged[sure] - accepted[sure] for sure in (True, False)}
+    return {
+        "target_sure_share": _ratio(judged[True], judged[True] + judged[False]),
+        "alpha_target_sure": _ratio(accepted[True], judged[True]),
+        "alpha_target_unsure": _ratio(accepted[False], judged[False]),
+        "misses_target_unsure": _ratio(missed[False], missed[True] + missed[False]),
     }
 
 

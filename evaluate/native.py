@@ -280,6 +280,29 @@ class NativeEvaluator:
             decoder = self._decoder(None, 0)
             return {"results": decode_prompts(decoder, prompts, self.cfg, f"target-only {name}")}
 
+        rows = self._cached(path, settings, make)["results"]
+        if not self.sampling.greedy:  # the split reads greedy outcomes along these tokens
+            return rows
+        probs = self.own_token_probs(name, prompts, rows)
+        return [{**r, "target_p": p} for r, p in zip(rows, probs)]
+
+    def own_token_probs(self, name: str, prompts: list[dict], base: list[dict]) -> list:
+        """Per prompt, the target's probability of each token of its own greedy output (one
+        teacher-forced forward each, cached): where the target is sure of its token and
+        where it is not (metrics.confidence_split)."""
+        settings = {**self.settings(prompts), "tokens": settings_key([b["tokens"] for b in base])}
+        path = self.dir / f"target-p-{safe_name(name)}-{settings_key(settings)}.json"
+
+        def make():
+            target, vocab = self.models.target(), token_id_count(self.models.tokenizer())
+            rows = zip(prompts, base)
+            return {
+                "results": [
+                    teacher_forced.own_token_probs(target, p["prompt_ids"], b["tokens"], vocab)
+                    for p, b in tqdm(rows, total=len(base), desc=f"target p {name}", leave=False)
+                ]
+            }
+
         return self._cached(path, settings, make)["results"]
 
     # -- the teacher-forced replay (greedy) -------------------------------------------------

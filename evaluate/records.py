@@ -85,6 +85,13 @@ class DraftEntry:
 # own order: `to_dict` writes each backend's rows as it always has.
 VLLM = "vllm"
 ECHO_KEYS = ("echo_share", "alpha_echo", "alpha_new")
+CONFIDENCE_KEYS = (
+    "target_sure_share",
+    "alpha_target_sure",
+    "alpha_target_unsure",
+    "misses_target_unsure",
+)
+SPLIT_KEYS = ECHO_KEYS + CONFIDENCE_KEYS
 
 
 @dataclass(kw_only=True)
@@ -98,12 +105,25 @@ class EchoSplit:
 
 
 @dataclass(kw_only=True)
+class ConfidenceSplit:
+    """metrics.confidence_split: judged drafts split by the target's probability of its own
+    token there (sure: >= metrics.TARGET_SURE), alpha on each side, and the share of the
+    draft's misses that fall where the target itself is unsure."""
+
+    target_sure_share: float | None
+    alpha_target_sure: float | None
+    alpha_target_unsure: float | None
+    misses_target_unsure: float | None
+
+
+@dataclass(kw_only=True)
 class MetricSummary:
     """metrics.summarize over some prompts: a row's figures, and each of its categories'.
 
     The defaults are a summary of nothing measured (tests and partial rows build on them).
     `echo` is None where no per-token outcomes were kept (vLLM, results cached before they
-    were): the JSON then has no echo fields at all, not null ones.
+    were): the JSON then has no echo fields at all, not null ones. `confidence` likewise,
+    where the target's probabilities of its own tokens were not measured.
     """
 
     num_prompts: int = 0
@@ -127,6 +147,7 @@ class MetricSummary:
     target_verify_ms: float | None = None
     modelled_speedup_request: float | None = None  # prefills counted (metrics)
     echo: EchoSplit | None = None
+    confidence: ConfidenceSplit | None = None
 
     # the order metrics.summarize writes
     NATIVE_KEYS = (
@@ -166,30 +187,53 @@ class MetricSummary:
     def alpha_new(self) -> float | None:
         return self.echo.alpha_new if self.echo else None
 
+    @property
+    def target_sure_share(self) -> float | None:
+        return self.confidence.target_sure_share if self.confidence else None
+
+    @property
+    def alpha_target_sure(self) -> float | None:
+        return self.confidence.alpha_target_sure if self.confidence else None
+
+    @property
+    def alpha_target_unsure(self) -> float | None:
+        return self.confidence.alpha_target_unsure if self.confidence else None
+
+    @property
+    def misses_target_unsure(self) -> float | None:
+        return self.confidence.misses_target_unsure if self.confidence else None
+
     def summary_fields(self) -> dict:
-        """The summary's own fields, flat as the JSON holds them (echo fields when kept)."""
+        """The summary's own fields, flat as the JSON holds them (split fields when kept)."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(MetricSummary)}
         values["per_position_acceptance"] = list(self.per_position_acceptance)
-        echo = values.pop("echo")
-        return values | (dataclasses.asdict(echo) if echo is not None else {})
+        for name in SPLITS:
+            split = values.pop(name)
+            values |= dataclasses.asdict(split) if split is not None else {}
+        return values
 
     def to_dict(self, backend: str | None = None) -> dict:
-        keys = self.VLLM_KEYS if backend == VLLM else self.NATIVE_KEYS + ECHO_KEYS
+        keys = self.VLLM_KEYS if backend == VLLM else self.NATIVE_KEYS + SPLIT_KEYS
         return _ordered(self.summary_fields(), keys)
 
     @classmethod
     def from_dict(cls, d: Any, where: str, backend: str | None = None) -> MetricSummary:
         required = cls.VLLM_KEYS if backend == VLLM else cls.NATIVE_KEYS
-        optional = () if backend == VLLM else ECHO_KEYS
+        optional = () if backend == VLLM else SPLIT_KEYS
         _check_fields(d, required, optional, where)
         return cls(**summary_args(d))
 
 
+# MetricSummary's optional groups of fields: the JSON holds them flat, all or none of each
+SPLITS = {"echo": (EchoSplit, ECHO_KEYS), "confidence": (ConfidenceSplit, CONFIDENCE_KEYS)}
+
+
 def summary_args(d: dict) -> dict:
-    """MetricSummary's constructor arguments from a flat summary (echo fields nested)."""
-    args = {k: v for k, v in d.items() if k not in ECHO_KEYS}
-    if any(k in d for k in ECHO_KEYS):
-        args["echo"] = EchoSplit(**{k: d.get(k) for k in ECHO_KEYS})
+    """MetricSummary's constructor arguments from a flat summary (split fields nested)."""
+    args = {k: v for k, v in d.items() if k not in SPLIT_KEYS}
+    for name, (split, keys) in SPLITS.items():
+        if any(k in d for k in keys):
+            args[name] = split(**{k: d.get(k) for k in keys})
     return args
 
 
@@ -238,7 +282,7 @@ class LeaderboardRow(MetricSummary):
         *IDENTITY,
         *WHERE,
         *MetricSummary.NATIVE_KEYS,
-        *ECHO_KEYS,
+        *SPLIT_KEYS,
         "speedup_iqr",
         "per_category",
         "lossless_match_rate",
@@ -278,8 +322,8 @@ class LeaderboardRow(MetricSummary):
         if backend == VLLM:
             required, optional = cls.VLLM_ROW_KEYS, cls.EXTRAS
         else:
-            required = tuple(k for k in cls.ROW_KEYS if k not in ECHO_KEYS)
-            optional = cls.EXTRAS + ECHO_KEYS
+            required = tuple(k for k in cls.ROW_KEYS if k not in SPLIT_KEYS)
+            optional = cls.EXTRAS + SPLIT_KEYS
         _check_fields(d, required, optional, where)
         cats = d["per_category"]
         if not isinstance(cats, dict):

@@ -16,13 +16,14 @@ import json
 from pathlib import Path
 
 from draftsmith.config import Config
+from draftsmith.evaluate import metrics
 from draftsmith.evaluate.plots import (
     plot_eval_sets,
     plot_k_sweep,
     plot_per_position,
     plot_training_curves,
 )
-from draftsmith.evaluate.records import LeaderboardRow
+from draftsmith.evaluate.records import CONFIDENCE_KEYS, LeaderboardRow
 from draftsmith.io import atomic_write_json, atomic_write_text
 
 # The figures that describe one draft at one k, with their table titles and formats: the
@@ -69,6 +70,7 @@ CSV_FIELDS = (
     "echo_share",
     "alpha_echo",
     "alpha_new",
+    *CONFIDENCE_KEYS,
     "num_speculative_tokens",
     "temperature",
     "target_tokens_per_s",
@@ -155,6 +157,25 @@ def category_table(rows: list[LeaderboardRow]) -> list[str]:
     body = [[r.checkpoint] + [cell(r, c) for c in cats] for r in ranked]
     title = "alpha (tokens per target forward) per category:"
     return [title, *_grid(["checkpoint", *cats], body)]
+
+
+def misses_table(rows: list[LeaderboardRow]) -> list[str]:
+    """Per draft (its ranking row), its misses split by the target's own confidence there
+    (metrics.confidence_split): the share distillation cannot fix by teaching what the
+    target is sure of."""
+    ranked = [r for r in ranking_rows(rows) if r.confidence is not None]
+    if not ranked:
+        return []
+    lines = [f"where the drafts miss (the target sure: p(own token) >= {metrics.TARGET_SURE:g}):"]
+    for r in ranked:
+        c = r.confidence
+        lines.append(
+            f"  {r.checkpoint}: {_cell(c.misses_target_unsure, '{:.0%}')} of its misses where "
+            f"the target is unsure; alpha {_cell(c.alpha_target_sure, '{:.3f}')} where it is "
+            f"sure ({_cell(c.target_sure_share, '{:.0%}')} of judged drafts), "
+            f"{_cell(c.alpha_target_unsure, '{:.3f}')} elsewhere"
+        )
+    return lines
 
 
 def _set_heading(board: dict, name: str) -> str:
@@ -259,6 +280,7 @@ def format_table(board: dict) -> str:
         lines.append(_set_heading(board, name))
         lines += _row_table(rows, board["best"] if name == primary else None)
         lines += category_table(rows)
+        lines += misses_table(rows)
     where = f" on {primary}" if primary else ""
     lines.append(f"best: {board['best']} by {board['select_metric']}{where}; k sweep:")
     lines += format_sweep(board)

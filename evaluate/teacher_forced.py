@@ -62,6 +62,22 @@ def agreement_and_margin(
     return agree, margin
 
 
+@torch.inference_mode()
+def own_token_probs(
+    target, prompt_ids: Sequence[int], tokens: Sequence[int], vocab: int | None = None
+) -> list[float]:
+    """Per output token, the target's probability of it given the prompt and the tokens
+    before it: one teacher-forced forward (metrics.confidence_split reads them)."""
+    n = len(tokens)
+    if n == 0:
+        return []
+    device = next(target.parameters()).device
+    ids = torch.tensor([list(prompt_ids) + list(tokens[:-1])], device=device)  # (1, P+n-1)
+    logits = target(input_ids=ids, logits_to_keep=n).logits[0, :, :vocab].float()  # (n, V)
+    probs = logits.softmax(-1)
+    return probs.gather(1, torch.tensor(list(tokens), device=device)[:, None])[:, 0].tolist()
+
+
 def relative_margin(logits: torch.Tensor) -> float:
     """The smallest gap between the two highest logits of any row (n, V), relative to the
     top logit's size: within float rounding, another summation order may argmax otherwise."""

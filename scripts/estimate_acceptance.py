@@ -15,7 +15,11 @@ independent draft or an eagle3 head (told apart by its config.json). There are n
 so speedup still needs `draftsmith evaluate`. Prompts: each of the run's eval sets, or any
 jsonl of {"id", "category", "prompt_ids"}. Every draft after the first also gets its alpha
 difference from the first, overall and per category, with 95% paired-bootstrap intervals
-over the prompts. Without CHECKPOINT_DIRs: every checkpoint of the run and its CE twin.
+over the prompts, and where its misses fall: the share of them at positions where the
+target itself gives its own token less than metrics.TARGET_SURE (the target's probabilities
+from one teacher-forced pass per prompt, cached beside its outputs). A CHECKPOINT_DIR may
+be a bare checkpoint name of the run. Without CHECKPOINT_DIRs: every checkpoint of the run
+and its CE twin.
 --draft-weights int8 int4 replays each draft again with its weights rounded to each
 (evaluate.draft_weights) and pairs that against the same draft as loaded: what the rounding
 costs in acceptance. (The replay's inputs are wide, so the rounded weights run as floats;
@@ -63,11 +67,38 @@ def checkpoints_of(run: Path) -> list[Path]:
     ]
 
 
+def resolve_checkpoints(run: Path, named: list[Path]) -> list[Path]:
+    """The CHECKPOINT_DIRs as given, a bare name (checkpoint-10) read as one of the run's
+    own checkpoint dirs; checked before the target's baseline is decoded (minutes)."""
+    out = []
+    for path in named:
+        if not path.exists() and len(path.parts) == 1:
+            found = [
+                d / path
+                for kind in KINDS.values()
+                for d in (kind.checkpoints_dir(run), kind.ce_dir(run))
+                if (d / path).is_dir()
+            ]
+            path = found[0] if found else path
+        if not (path / "config.json").is_file():
+            raise SystemExit(f"{path}: not a checkpoint dir (no config.json)")
+        out.append(path)
+    return out
+
+
 def report(
-    path, rows: list[dict], prompts: list[dict], k: int, first, seed: int, against="first"
+    path,
+    rows: list[dict],
+    prompts: list[dict],
+    base: list[dict],
+    k: int,
+    first,
+    seed: int,
+    against="first",
 ) -> None:
-    """Two lines per draft: its pooled figures (and the difference from `first`, the rows of
-    the draft named by `against`), then alpha per category."""
+    """Two or three lines per draft: its pooled figures (and the difference from `first`, the
+    rows of the draft named by `against`), then alpha per category, then where it misses
+    (`base`: the target's own rows, with its probabilities of its tokens when greedy)."""
     ids = [p["prompt_ids"] for p in prompts]
     s = metrics.summarize(rows, rows, k, ids)
     cats = metrics.per_category(rows, rows, [r["category"] for r in rows], k, ids)
@@ -91,6 +122,17 @@ def report(
             if d and d["alpha_ci95"]
         )
         print(f"    vs {against} by category: " + ", ".join(diffs))
+    if conf := metrics.confidence_split(rows, base):
+        print(
+            f"    misses where the target is unsure (p(own token) < {metrics.TARGET_SURE:g}): "
+            f"{fmt(conf['misses_target_unsure'], '.0%')}; alpha where it is sure "
+            f"{fmt(conf['alpha_target_sure'], '.3f')} ({fmt(conf['target_sure_share'], '.0%')} "
+            f"of judged), elsewhere {fmt(conf['alpha_target_unsure'], '.3f')}"
+        )
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def main() -> None:
@@ -117,7 +159,7 @@ def main() -> None:
         cfg.evaluate.max_new_tokens = args.max_new_tokens
     k, budget = args.k or cfg.evaluate.num_speculative_tokens, cfg.evaluate.max_new_tokens
     sets = read_sets(args.run_dir, cfg, args.prompts, args.set)
-    ckpts = args.checkpoints or checkpoints_of(args.run_dir)
+    ckpts = resolve_checkpoints(args.run_dir, args.checkpoints) or checkpoints_of(args.run_dir)
     vocab = load_target_config(cfg.target).get_text_config().vocab_size
     models = Models(cfg)  # the evaluate stage's loader: the target once, drafts checked
     # the evaluate stage's target-only baseline, from its cache when it has run: the same
@@ -131,7 +173,7 @@ def main() -> None:
         for path in ckpts:
             draft = DraftEntry(name=str(path), ref=str(path), kind=checkpoint_kind(path).name)
             rows = teacher_forced_results(draft, models, refs, k, budget, vocab)
-            report(path, rows, prompts, k, first, cfg.run.seed)
+            report(path, rows, prompts, base, k, first, cfg.run.seed)
             first = first or rows
             for weights in args.draft_weights:
                 rounded = teacher_forced_results(
@@ -143,7 +185,16 @@ def main() -> None:
                     vocab,
                     lambda m, w=weights: quantize_draft(m, w, models.target()),
                 )
-                report(f"{path} [{weights}]", rounded, prompts, k, rows, cfg.run.seed, "as loaded")
+                report(
+                    f"{path} [{weights}]",
+                    rounded,
+                    prompts,
+                    base,
+                    k,
+                    rows,
+                    cfg.run.seed,
+                    "as loaded",
+                )
 
 
 if __name__ == "__main__":

@@ -196,12 +196,30 @@ def test_evaluate_ranks_checkpoints_and_writes_reports(run_dir, capsys):
     assert {cat: r["k"] for cat, r in board["k_by_category"].items()} == dict.fromkeys(
         ["chat", "code", "math"], rec["k"]
     )
+    # the misses split by the target's own confidence: a partition of the judged drafts, the
+    # target's probabilities measured once per prompt and cached beside its outputs
+    (probs,) = (run_dir / "eval" / "results").glob("target-p-heldout-*.json")
+    assert [len(p) for p in json.loads(probs.read_text())["results"]] == [
+        len(b["tokens"]) for b in base["results"]
+    ]
+    for row in [*tf.values(), *engine.values()]:
+        sure, a_sure, a_unsure = (
+            row["target_sure_share"],
+            row["alpha_target_sure"],
+            row["alpha_target_unsure"],
+        )
+        assert row["alpha"] == pytest.approx(sure * (a_sure or 0) + (1 - sure) * (a_unsure or 0))
+    assert perfect["misses_target_unsure"] is None  # a perfect draft has no misses
+    assert 0 <= tf["checkpoint-0"]["misses_target_unsure"] <= 1
+    printed = capsys.readouterr().out
+    assert "where the drafts miss (the target sure: p(own token) >= 0.8):" in printed
+    assert "  checkpoint-0: " in printed.split("where the drafts miss")[1]
     csv = (run_dir / "eval" / "leaderboard.csv").read_text().splitlines()
     assert csv[0].startswith("checkpoint,kind,step,acceptance_rate") and len(csv) == 1 + 5
+    assert "misses_target_unsure" in csv[0].split(",")
     assert all(line.split(",")[1] == "independent" for line in csv[1:])
     for name in ("acceptance_vs_step.png", "per_position_best.png", "k_sweep.png"):
         assert (run_dir / "eval" / name).stat().st_size > 1000
-    printed = capsys.readouterr().out
     assert "== eval set heldout (primary: best draft and k chosen here): 5 prompts" in printed
     assert printed.count("*checkpoint-8") == 2  # its replay row and its engine row
     assert f"recommended k = {rec['k']}, by the modelled speedup" in printed

@@ -237,3 +237,21 @@ def test_paired_acceptance_diff_rejects_unpaired_inputs():
     assert m.paired_acceptance_diff(_counts([(1, 4)]), _counts([(1, 4), (1, 4)])) is None
     assert m.paired_acceptance_diff([], []) is None
     assert m.paired_acceptance_diff(_counts([(0, 0)]), _counts([(0, 0)])) is None
+
+
+def test_confidence_split_on_hand_counts():
+    base = [{"tokens": [5, 6, 7, 8, 9], "target_p": [0.9, 0.3, 0.95, 0.5, 0.99]}]
+    # sure positions 0, 2, 4: judged 1 (accepted), 0 (rejected), -1 (not judged)
+    # unsure positions 1, 3: judged 1 (accepted), 0 (rejected)
+    spec = [{"tokens": [5, 6, 7, 8, 9], "outcome": [1, 1, 0, 0, -1]}]
+    out = m.confidence_split(spec, base)
+    assert out["target_sure_share"] == pytest.approx(2 / 4)
+    assert out["alpha_target_sure"] == pytest.approx(1 / 2)
+    assert out["alpha_target_unsure"] == pytest.approx(1 / 2)
+    assert out["misses_target_unsure"] == pytest.approx(1 / 2)  # misses at 2 (sure), 3 (unsure)
+    # the edge belongs to "sure"; a row that left the target's tokens counts up to there
+    edge = [{"tokens": [5, 6], "target_p": [m.TARGET_SURE, 0.1]}]
+    left = [{"tokens": [5, 4], "outcome": [0, 0]}]
+    assert m.confidence_split(left, edge)["misses_target_unsure"] == 0.0
+    assert m.confidence_split(spec, [{"tokens": [5], "target_p": None}]) == {}
+    assert m.confidence_split([{"tokens": [5], "outcome": None}], base) == {}

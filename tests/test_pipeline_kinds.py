@@ -226,6 +226,22 @@ def test_estimate_acceptance_script_replays_both_kinds_as_the_leaderboard(both_r
     line = r"^(\S+) \[int8\]: acceptance [0-9.]+ .* alpha vs as loaded"
     rounded = re.findall(line, proc.stdout, re.M)
     assert {Path(p).relative_to(out).as_posix() for p in rounded} == set(tf)
+    # where each draft's misses fall, as its leaderboard row has it
+    unsure = {
+        r["path"]: r.get("misses_target_unsure")
+        for r in board["rows"]
+        if r["measured_by"] == "teacher_forced"
+    }
+    said = re.findall(
+        r"^(\S+): acceptance .*\n.*\n    misses where the target is unsure \(p\(own token\) < "
+        r"0\.8\): (\S+);",
+        proc.stdout,
+        re.M,
+    )
+    assert {Path(p).relative_to(out).as_posix() for p, _ in said} == set(tf)
+    for path, share in said:
+        expected = unsure[Path(path).relative_to(out).as_posix()]
+        assert share == ("-" if expected is None else f"{expected:.0%}"), path
 
 
 def test_both_kinds_decode_with_int4_weights_and_stay_lossless(both_run, tmp_path):

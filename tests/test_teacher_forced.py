@@ -120,3 +120,19 @@ def test_each_kind_brings_its_replay_through_the_registry():
     assert (CAUSAL_LM_REPLAY.per_k, EAGLE3_REPLAY.per_k) == (False, True)
     with pytest.raises(ConfigError, match="^draft.kind: unknown kind 'medusa'"):
         kind_of(draft("medusa"))
+
+
+def test_own_token_probs_equal_the_targets_step_by_step_softmax():
+    from draftsmith.evaluate.teacher_forced import own_token_probs
+
+    target, _ = tiny_pair(0, noise=0.0)
+    prompt, tokens = [4, 6, 8], [9, 2, 2, 17, 5]
+    probs = own_token_probs(target, prompt, tokens)
+    assert len(probs) == len(tokens) and own_token_probs(target, prompt, []) == []
+    with torch.inference_mode():
+        for i, tok in enumerate(tokens):
+            logits = target(input_ids=torch.tensor([prompt + tokens[:i]])).logits[0, -1]
+            assert probs[i] == pytest.approx(logits.softmax(-1)[tok].item(), rel=1e-5)
+    # a vocab cut renormalises over the target's ids only
+    cut = own_token_probs(target, prompt, tokens, vocab=20)
+    assert all(c >= p for c, p in zip(cut, probs)) and cut != probs
