@@ -225,6 +225,24 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf16 matmuls
 
 
+def _read_cpuinfo(cpuinfo: str | None) -> tuple[str | None, set[str]]:
+    """(the first "model name", the flags) of /proc/cpuinfo's text (read when None; Linux
+    only: elsewhere (None, an empty set))."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None, set()
+    name, flags = None, set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and name is None:
+            name = value.strip()
+        elif key.strip() == "flags":
+            flags.update(value.split())
+    return name, flags
+
+
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     """True on CPUs whose matmul units take bf16 natively (AVX512-BF16 or AMX).
 
@@ -233,16 +251,18 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     fp32 default holds and the config switch (target.batch_dtype, distill.mixed_precision)
     turns bf16 on by hand.
     """
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return False
-    flags = set()
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            flags.update(line.partition(":")[2].split())
-    return any(f in flags for f in CPU_BF16_FLAGS)
+    return any(f in _read_cpuinfo(cpuinfo)[1] for f in CPU_BF16_FLAGS)
+
+
+def cpu_description(cpuinfo: str | None = None) -> str | None:
+    """The CPU's model name and its native bf16 flags ("AMD EPYC (avx512_bf16)"), or None
+    where /proc/cpuinfo names none: part of the hardware record that kernel choices timed on
+    one machine are cached under, so another CPU of the same architecture times them again."""
+    name, flags = _read_cpuinfo(cpuinfo)
+    if name is None:
+        return None
+    have = [f for f in CPU_BF16_FLAGS if f in flags]
+    return f"{name} ({', '.join(have)})" if have else name
 
 
 # The keys that set a model's matmul dtype outright (auto picks float32 on such a CPU itself).

@@ -18,6 +18,7 @@ from draftsmith.evaluate import metrics
 from draftsmith.evaluate.ranking import draft_path, pick_best, rankable
 from draftsmith.evaluate.records import DraftEntry, LeaderboardRow, MetricSummary, summary_args
 from draftsmith.kinds import kind_of
+from draftsmith.models import cpu_description
 
 # ----------------------------------------------------------------------------- rows and ranking
 
@@ -67,7 +68,8 @@ def build_row(
 def hardware() -> str:
     if torch.cuda.is_available():
         return f"cuda: {torch.cuda.get_device_name(0)}"
-    return f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    cpu = cpu_description() or platform.processor() or platform.machine()
+    return f"cpu: {cpu}, {torch.get_num_threads()} threads"
 
 
 def compared(drafts: list[DraftEntry]) -> list[tuple[DraftEntry, list[DraftEntry]]]:

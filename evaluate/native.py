@@ -82,6 +82,9 @@ def run_settings(cfg: Config, prompts: list[dict], target_path: str) -> dict:
         "device": cfg.run.device,
         "dtype": cfg.target.dtype,
         "cpu_few_row_linear": ev.cpu_few_row_linear,  # changes timings, not tokens
+        # the machine: every timing is its own, and bf16 kernels may round ties otherwise; a
+        # run dir moved to another CPU is measured again rather than mixing two machines
+        "hardware": hardware(),
     }
 
 

@@ -163,6 +163,21 @@ def test_native_bf16_is_read_from_the_cpu_flags():
     assert not cpu_has_native_bf16("")
 
 
+def test_the_hardware_record_tells_two_cpus_of_one_architecture_apart():
+    """Kernel choices are cached under the hardware record: an AMX Xeon and an EPYC, both
+    x86_64 with 2 threads, must not share one."""
+    from draftsmith.models import cpu_description
+
+    xeon = "model name\t: Intel(R) Xeon(R) Platinum 8480+\n" + CPUINFO.format(
+        extra="avx512_bf16 amx_bf16 amx_tile"
+    )
+    epyc = "model name\t: AMD EPYC 9R14\n" + CPUINFO.format(extra="avx512_bf16")
+    assert cpu_description(xeon) == "Intel(R) Xeon(R) Platinum 8480+ (avx512_bf16, amx_bf16)"
+    assert cpu_description(epyc) == "AMD EPYC 9R14 (avx512_bf16)"
+    assert cpu_description(CPUINFO.format(extra="avx2")) is None  # no model name line
+    assert cpu_description("model name\t: Old\n" + CPUINFO.format(extra="avx2")) == "Old"
+
+
 def test_batch_dtype_auto_follows_the_cpu_and_the_switch_wins(monkeypatch):
     import draftsmith.models as models
 

@@ -297,6 +297,28 @@ def test_copied_run_dir_is_not_measured_again_and_a_rewritten_checkpoint_is(
     assert changed == {"checkpoint-4-heldout-tf.json"}  # ranked again; the engine never ran it
 
 
+def test_a_run_dir_moved_to_another_cpu_is_measured_again(run_dir, monkeypatch):
+    """Timings belong to a machine: results cached under one hardware record (two CPUs of
+    one architecture differ in their model name) are not mixed with another's."""
+    from draftsmith.evaluate import native
+
+    small = dict(k_sweep=[3], max_prompts=2, max_new_tokens=6)
+    monkeypatch.setattr(native, "hardware", lambda: "cpu: Xeon (amx_bf16), 2 threads")
+    run_evaluate(_cfg(run_dir, **small))
+    results = run_dir / "eval" / "results"
+    stamps = {p.name: p.stat().st_mtime_ns for p in results.iterdir()}
+    before = set(stamps)
+    monkeypatch.setattr(native, "hardware", lambda: "cpu: EPYC (avx512_bf16), 2 threads")
+    run_evaluate(_cfg(run_dir, **small))
+    new = {p.name for p in results.iterdir()} - before
+    engine = [n for n in stamps if n.endswith("-k3-t0.json")]  # named without the settings
+    assert engine and all((results / n).stat().st_mtime_ns != stamps[n] for n in engine)
+    for prefix in ("kernels-", "target-only-heldout-", "costs-"):  # all timed again
+        assert any(n.startswith(prefix) for n in new), prefix
+    board = _board(run_dir)
+    assert board["kernels"]["settings"]["hardware"] == "cpu: EPYC (avx512_bf16), 2 threads"
+
+
 def test_baseline_drafts_and_max_prompts(run_dir, target_dir):
     cfg = _cfg(run_dir, baselines=[str(target_dir)], max_prompts=3, k_sweep=[3])
     run_evaluate(cfg)
