@@ -24,6 +24,7 @@ from pathlib import Path
 
 from draftsmith.config import Config
 from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.evaluate.metrics import TARGET_SURE
 from draftsmith.evaluate.records import LeaderboardRow, rows_from_dicts
 from draftsmith.evaluate.report import (
     TRAINED_ROLES,
@@ -324,6 +325,8 @@ k = {row.num_speculative_tokens}, temperature {row.temperature}.{_quant_note(boa
 | draft cost ratio c (draft forward / target forward) | {_fmt(row.draft_cost_ratio)} |
 | verify cost ratio v ((k+1)-token / 1-token target forward) | {_fmt(row.verify_cost_ratio, 2)} |
 | lossless check (greedy output == target's own) | {_fmt(lossless)} {verdict} |
+| misses where the target itself was unsure (p(own token) < {TARGET_SURE:g}) | {_fmt(row.misses_target_unsure, 2)} |
+| alpha where the target was sure / unsure | {_fmt(row.alpha_target_sure)} / {_fmt(row.alpha_target_unsure)} |
 
 Per-position acceptance (given the position was reached): {positions}
 

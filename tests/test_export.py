@@ -9,7 +9,7 @@ from board_rows import make_row
 
 from draftsmith.config import load_config
 from draftsmith.distill.checkpoint import training_settings
-from draftsmith.evaluate.records import LeaderboardRow, MetricSummary
+from draftsmith.evaluate.records import ConfidenceSplit, LeaderboardRow, MetricSummary
 from draftsmith.export import _training
 from draftsmith.kinds.independent.export import assistant_generation_config
 from draftsmith.kinds.independent.train import IndependentTraining
@@ -99,7 +99,18 @@ BOARD = {
         _board_row("checkpoint-3", "mtbench", "teacher_forced", 0.111),
         _board_row("checkpoint-6", "mtbench", "teacher_forced", 0.222),
         _board_row(
-            "checkpoint-6", "mtbench", "engine", 0.25, speedup=1.37, lossless_match_rate=1.0
+            "checkpoint-6",
+            "mtbench",
+            "engine",
+            0.25,
+            speedup=1.37,
+            lossless_match_rate=1.0,
+            confidence=ConfidenceSplit(
+                target_sure_share=0.5,
+                alpha_target_sure=0.97,
+                alpha_target_unsure=0.5,
+                misses_target_unsure=0.94,
+            ),
         ),
         _board_row("checkpoint-3", "heldout", "teacher_forced", 0.333),
         _board_row("checkpoint-6", "heldout", "teacher_forced", 0.444),
@@ -118,6 +129,8 @@ def test_export_takes_the_primary_sets_engine_row_and_the_card_shows_every_set(c
     card = model_card(cfg, BOARD, row, 2, tmp_path / "export", _record("forward_kl"))
     assert "## Measured on mtbench by real speculative decoding" in card
     assert "| measured speedup over target-only decoding | 1.37x |" in card
+    assert "| misses where the target itself was unsure (p(own token) < 0.8) | 0.94 |" in card
+    assert "| alpha where the target was sure / unsure | 0.970 / 0.500 |" in card
     sets = card.split("## Eval sets", 1)[1]
     assert "### mtbench (primary): 24 prompts, teacher-forced replay" in sets
     assert "### heldout: 24 prompts, teacher-forced replay" in sets
