@@ -273,6 +273,11 @@ class EvaluateConfig:
     # engine (speedup, losslessness, k sweep) then decodes the best drafts on at most this many
     # prompts per set (None: all); its cost is decoding time, a draft's tokens/s x this.
     engine_max_prompts: int | None = field(default=8, metadata=bounds(ge=1))
+    # Each engine run also decodes every prompt with the target alone, right beside its
+    # speculative decode (order alternating by prompt), and divides by that: a machine whose
+    # speed drifts for minutes (shared cores) then slows both sides of a measured speedup
+    # alike. Doubles the engine's decoding time. False: divide by the set's one baseline.
+    paired_baseline: bool = True
     # Interleaved repeats of the draft/verify cost timing behind the recommended k.
     cost_repeats: int = field(default=30, metadata=bounds(ge=3))
     # Also ask each prompt's second turn (MT-bench turn 2) after the target's own greedy answer

@@ -197,7 +197,8 @@ def native_board(cfg: Config, sets: dict, primary: str, drafts: list[DraftEntry]
             else:
                 data = runner.engine(d, s, ps, bases[s], k)
                 ranked[d.name, s] = data["results"]
-            row = build_row(d, ranked[d.name, s], bases[s], cfg, k, s, by, data, ps)
+            timed = bases[s] if data is None else runner.timing_base(bases[s], data)
+            row = build_row(d, ranked[d.name, s], timed, cfg, k, s, by, data, ps)
             ranking_rows[d.name, s] = row
     engine_rows = {}
     by_speed = ev.select_metric == "speedup"

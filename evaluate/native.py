@@ -172,6 +172,45 @@ def decode_prompts(decoder: SpeculativeDecoder, prompts: list[dict], cfg: Config
     return out
 
 
+def decode_paired(
+    decoder: SpeculativeDecoder,
+    alone: SpeculativeDecoder,
+    prompts: list[dict],
+    cfg: Config,
+    desc: str,
+) -> tuple[list[dict], list[dict]]:
+    """decode_prompts with `decoder` and with the target `alone`, prompt by prompt, the two
+    back to back in an order that alternates: (speculative results, target-only results)
+    timed in the same minutes, so a drift in the machine's speed hits both alike."""
+    budget = min(4, cfg.evaluate.max_new_tokens)
+    for d in (decoder, alone):  # one short untimed warm-up each
+        d.generate(prompts[0]["prompt_ids"], budget, seed=0)
+    spec, base = [], []
+    for i, p in enumerate(tqdm(prompts, desc=desc, leave=False, dynamic_ncols=True)):
+        seed = prompt_seed(cfg.run.seed, p["id"])
+        runs = {}
+        for which in ("spec", "alone") if i % 2 else ("alone", "spec"):
+            d = decoder if which == "spec" else alone
+            res = d.generate(p["prompt_ids"], cfg.evaluate.max_new_tokens, seed=seed)
+            runs[which] = {"id": p["id"], "category": p["category"], **res.to_dict()}
+        spec.append(runs["spec"])
+        base.append(runs["alone"])
+    return spec, base
+
+
+# The target-only fields a paired engine run replaces in the set's baseline rows: its timings
+PAIRED_TIMINGS = ("wall_time", "target_1tok_time", "target_1tok_n", "target_prefill_time")
+
+
+def timing_base(base: list[dict], data: dict) -> list[dict]:
+    """The baseline rows an engine run's speedups divide by: with its paired target-only
+    decodes (evaluate.paired_baseline), their timings; else the set's baseline as it is."""
+    paired = data.get("paired")
+    if paired is None:
+        return base
+    return [{**b, **{k: p[k] for k in PAIRED_TIMINGS}} for b, p in zip(base, paired)]
+
+
 class NativeEvaluator:
     """Runs and caches the torch engine, the teacher-forced replay and the cost timing."""
 
@@ -185,6 +224,8 @@ class NativeEvaluator:
         self.kernels: dict | None = None  # evaluate.cpu_few_row_linear's choice (few_rows)
         # evaluate.draft_weights: per draft, quantize_draft's choice
         self.quant: dict[str, dict] = {}
+
+    timing_base = staticmethod(timing_base)  # for evaluate/board.py, which native imports
 
     def settings(self, prompts: list[dict]) -> dict:
         return run_settings(self.cfg, prompts, self.target_path)
@@ -373,7 +414,9 @@ class NativeEvaluator:
     ):
         """{"lossless_match_rate", "results"} of `draft` at k on these prompts (cached);
         `stop_below`: dynamic lookahead (engine.DraftContext.stop_below)."""
+        paired = self.cfg.evaluate.paired_baseline
         settings = {**self.settings(prompts), **self.draft_settings(draft), "k": k}
+        settings["paired_baseline"] = paired
         t = self.cfg.evaluate.temperature
         stop = ""
         if stop_below is not None:
@@ -383,8 +426,12 @@ class NativeEvaluator:
         def make():
             proposer = kind_of(draft).proposer(self.draft_model(draft))
             decoder = self._decoder(proposer, k, stop_below)
-            results = decode_prompts(decoder, prompts, self.cfg, f"{draft.name} {name} k={k}")
-            return {"results": results}
+            desc = f"{draft.name} {name} k={k}"
+            if not paired:
+                return {"results": decode_prompts(decoder, prompts, self.cfg, desc)}
+            alone = self._decoder(None, 0)
+            results, base_now = decode_paired(decoder, alone, prompts, self.cfg, desc + " +alone")
+            return {"results": results, "paired": base_now}
 
         # decoded outputs are cached before they are checked: a failed check loses no
         # decoding, and a rerun (e.g. with on_mismatch=warn) checks the same outputs again
@@ -428,9 +475,8 @@ class NativeEvaluator:
         idx = [i for i, p in enumerate(prompts) if id(p) in chosen]
         sub, sub_base = [prompts[i] for i in idx], [base[i] for i in idx]
         data = self.engine(draft, name, sub, sub_base, k, stop_below)
-        row = build_row(
-            draft, data["results"], sub_base, self.cfg, k, name, "engine", data, prompts=sub
-        )
+        timed = timing_base(sub_base, data)
+        row = build_row(draft, data["results"], timed, self.cfg, k, name, "engine", data, sub)
         if stop_below is not None:
             row.stop_threshold = stop_below
             return row
@@ -489,8 +535,9 @@ class NativeEvaluator:
                 eng = self.engine_row(draft, name, prompts, base, k)
             else:
                 data = self.engine(draft, name, prompts, base, k)
+                timed = timing_base(base, data)
                 acc = eng = build_row(
-                    draft, data["results"], base, self.cfg, k, name, "engine", data, prompts
+                    draft, data["results"], timed, self.cfg, k, name, "engine", data, prompts
                 )
             out.append(costed_sweep_entry(acc, eng, costs))
         for t in ev.stop_thresholds:  # dynamic lookahead: the engine's own counts
@@ -499,7 +546,8 @@ class NativeEvaluator:
                 row = self.engine_row(draft, name, prompts, base, k, t)
             else:
                 data = self.engine(draft, name, prompts, base, k, t)
-                row = build_row(draft, data["results"], base, self.cfg, k, name, "engine", data)
+                timed = timing_base(base, data)
+                row = build_row(draft, data["results"], timed, self.cfg, k, name, "engine", data)
                 row.stop_threshold = t
             out.append(dynamic_sweep_entry(row, costs))
         return out, costs

@@ -17,6 +17,7 @@ from draftsmith.config import config_from_dict
 from draftsmith.data import EVAL_PROMPT_KEYS
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.evaluate.metrics import summarize
+from draftsmith.evaluate.native import timing_base
 from draftsmith.evaluate.prompts import select_prompts
 from draftsmith.evaluate.ranking import (
     costed_sweep_entry,
@@ -180,7 +181,11 @@ def test_evaluate_ranks_checkpoints_and_writes_reports(run_dir, capsys):
         results = run_dir / "eval" / "results"
         spec = json.loads((results / f"checkpoint-8-heldout-k{s['k']}-t0.json").read_text())
         (base,) = [json.loads(p.read_text()) for p in results.glob("target-only-heldout-*.json")]
-        in_run = summarize(spec["results"], base["results"], s["k"])["modelled_speedup_verify"]
+        # timed against the target alone decoded beside it, prompt by prompt (same tokens)
+        assert [p["tokens"] for p in spec["paired"]] == [b["tokens"] for b in base["results"]]
+        timed = timing_base(base["results"], spec)
+        assert [t["wall_time"] for t in timed] == [p["wall_time"] for p in spec["paired"]]
+        in_run = summarize(spec["results"], timed, s["k"])["modelled_speedup_verify"]
         assert s["modelled_speedup_in_run"] == pytest.approx(in_run) and in_run > 0
     assert board["costs"]["repeats"] == 30 and len(board["costs"]["c"]) == 30
     rec = board["k_recommendation"]
@@ -317,6 +322,31 @@ def test_a_run_dir_moved_to_another_cpu_is_measured_again(run_dir, monkeypatch):
         assert any(n.startswith(prefix) for n in new), prefix
     board = _board(run_dir)
     assert board["kernels"]["settings"]["hardware"] == "cpu: EPYC (avx512_bf16), 2 threads"
+
+
+def test_paired_baseline_keeps_a_slow_stretch_out_of_the_measured_speedup(run_dir):
+    """evaluate.paired_baseline: each engine run divides by the target alone decoded beside
+    it, so a set baseline decoded while the machine was 10x slower changes no speedup; with
+    the switch off, the same slow baseline inflates every speedup."""
+    small = dict(k_sweep=[3], max_prompts=3, max_new_tokens=6)
+    run_evaluate(_cfg(run_dir, **small))
+
+    def engine_speedups():
+        rows = _board(run_dir)["rows"]
+        return {r["checkpoint"]: r["speedup"] for r in rows if r["measured_by"] == "engine"}
+
+    before = engine_speedups()
+    (path,) = (run_dir / "eval" / "results").glob("target-only-heldout-*.json")
+    data = json.loads(path.read_text())
+    for r in data["results"]:  # as if decoded in a stretch 10x slower than the engine's
+        r["wall_time"] *= 10
+        r["target_1tok_time"] *= 10
+    path.write_text(json.dumps(data))
+    run_evaluate(_cfg(run_dir, **small))
+    assert engine_speedups() == before
+    run_evaluate(_cfg(run_dir, paired_baseline=False, **small))
+    after = engine_speedups()
+    assert all(after[name] > 3 * before[name] for name in before)
 
 
 def test_baseline_drafts_and_max_prompts(run_dir, target_dir):
