@@ -116,6 +116,16 @@ class ConfidenceSplit:
     misses_target_unsure: float | None
 
 
+def _split_field(split: str, key: str) -> property:
+    """A read-only property giving `key` of the summary's `split` group, None without it."""
+
+    def get(self) -> float | None:
+        group = getattr(self, split)
+        return getattr(group, key) if group is not None else None
+
+    return property(get)
+
+
 @dataclass(kw_only=True)
 class MetricSummary:
     """metrics.summarize over some prompts: a row's figures, and each of its categories'.
@@ -175,33 +185,14 @@ class MetricSummary:
     # vllm_backend.summary_from_counts' order; a vLLM category adds num_prompts last
     VLLM_KEYS = (*NATIVE_KEYS[1:16], "num_prompts")
 
-    @property
-    def echo_share(self) -> float | None:
-        return self.echo.echo_share if self.echo else None
-
-    @property
-    def alpha_echo(self) -> float | None:
-        return self.echo.alpha_echo if self.echo else None
-
-    @property
-    def alpha_new(self) -> float | None:
-        return self.echo.alpha_new if self.echo else None
-
-    @property
-    def target_sure_share(self) -> float | None:
-        return self.confidence.target_sure_share if self.confidence else None
-
-    @property
-    def alpha_target_sure(self) -> float | None:
-        return self.confidence.alpha_target_sure if self.confidence else None
-
-    @property
-    def alpha_target_unsure(self) -> float | None:
-        return self.confidence.alpha_target_unsure if self.confidence else None
-
-    @property
-    def misses_target_unsure(self) -> float | None:
-        return self.confidence.misses_target_unsure if self.confidence else None
+    # each split's fields read flat off the summary (None where the split was not kept)
+    echo_share = _split_field("echo", "echo_share")
+    alpha_echo = _split_field("echo", "alpha_echo")
+    alpha_new = _split_field("echo", "alpha_new")
+    target_sure_share = _split_field("confidence", "target_sure_share")
+    alpha_target_sure = _split_field("confidence", "alpha_target_sure")
+    alpha_target_unsure = _split_field("confidence", "alpha_target_unsure")
+    misses_target_unsure = _split_field("confidence", "misses_target_unsure")
 
     def summary_fields(self) -> dict:
         """The summary's own fields, flat as the JSON holds them (split fields when kept)."""
