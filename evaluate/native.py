@@ -160,16 +160,25 @@ def sampling_of(cfg: Config) -> SamplingConfig:
     return SamplingConfig(temperature=ev.temperature, top_p=ev.top_p, top_k=ev.top_k)
 
 
+def _warm_up(decoder: SpeculativeDecoder, prompts: list[dict], cfg: Config) -> None:
+    """One short untimed decode, so no prompt's timing pays first-call costs."""
+    decoder.generate(prompts[0]["prompt_ids"], min(4, cfg.evaluate.max_new_tokens), seed=0)
+
+
+def _decode_one(decoder: SpeculativeDecoder, p: dict, cfg: Config) -> dict:
+    """One prompt's result dict, under its own seed."""
+    seed = prompt_seed(cfg.run.seed, p["id"])
+    res = decoder.generate(p["prompt_ids"], cfg.evaluate.max_new_tokens, seed=seed)
+    return {"id": p["id"], "category": p["category"], **res.to_dict()}
+
+
 def decode_prompts(decoder: SpeculativeDecoder, prompts: list[dict], cfg: Config, desc: str):
     """Decode every prompt (after one short untimed warm-up) -> per-prompt result dicts."""
-    decoder.generate(prompts[0]["prompt_ids"], min(4, cfg.evaluate.max_new_tokens), seed=0)
-    out = []
-    for p in tqdm(prompts, desc=desc, leave=False, dynamic_ncols=True):
-        res = decoder.generate(
-            p["prompt_ids"], cfg.evaluate.max_new_tokens, seed=prompt_seed(cfg.run.seed, p["id"])
-        )
-        out.append({"id": p["id"], "category": p["category"], **res.to_dict()})
-    return out
+    _warm_up(decoder, prompts, cfg)
+    return [
+        _decode_one(decoder, p, cfg)
+        for p in tqdm(prompts, desc=desc, leave=False, dynamic_ncols=True)
+    ]
 
 
 def decode_paired(
@@ -182,19 +191,16 @@ def decode_paired(
     """decode_prompts with `decoder` and with the target `alone`, prompt by prompt, the two
     back to back in an order that alternates: (speculative results, target-only results)
     timed in the same minutes, so a drift in the machine's speed hits both alike."""
-    budget = min(4, cfg.evaluate.max_new_tokens)
-    for d in (decoder, alone):  # one short untimed warm-up each
-        d.generate(prompts[0]["prompt_ids"], budget, seed=0)
+    _warm_up(decoder, prompts, cfg)
+    _warm_up(alone, prompts, cfg)
     spec, base = [], []
     for i, p in enumerate(tqdm(prompts, desc=desc, leave=False, dynamic_ncols=True)):
-        seed = prompt_seed(cfg.run.seed, p["id"])
-        runs = {}
-        for which in ("spec", "alone") if i % 2 else ("alone", "spec"):
-            d = decoder if which == "spec" else alone
-            res = d.generate(p["prompt_ids"], cfg.evaluate.max_new_tokens, seed=seed)
-            runs[which] = {"id": p["id"], "category": p["category"], **res.to_dict()}
-        spec.append(runs["spec"])
-        base.append(runs["alone"])
+        if i % 2:
+            spec.append(_decode_one(decoder, p, cfg))
+            base.append(_decode_one(alone, p, cfg))
+        else:
+            base.append(_decode_one(alone, p, cfg))
+            spec.append(_decode_one(decoder, p, cfg))
     return spec, base
 
 
