@@ -8,6 +8,7 @@ safetensors HF model dirs under `$DRAFTSMITH_HOME/models/<name>` (default
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -225,13 +226,22 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf16 matmuls
 
 
+@functools.cache
+def _proc_cpuinfo() -> str | None:
+    """/proc/cpuinfo's text, read once (every cached result's settings name the CPU), or None
+    where there is no such file."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+
+
 def _read_cpuinfo(cpuinfo: str | None) -> tuple[str | None, set[str]]:
     """(the first "model name", the flags) of /proc/cpuinfo's text (read when None; Linux
     only: elsewhere (None, an empty set))."""
     if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
+        cpuinfo = _proc_cpuinfo()
+        if cpuinfo is None:
             return None, set()
     name, flags = None, set()
     for line in cpuinfo.splitlines():
