@@ -105,6 +105,14 @@ def crop_cache(cache, keep: int) -> None:
         cache.crop(-extra)  # a negative crop removes tokens in transformers 4.x and 5.x
 
 
+def move_entry(cache, src: int, dst: int) -> None:
+    """Copy every layer's keys and values at position `src` to `dst` (dst < src): a verify
+    pass's emitted leaf joins its prefix before the cache is cropped behind it."""
+    for layer in cache.layers:
+        layer.keys[..., dst, :] = layer.keys[..., src, :]
+        layer.values[..., dst, :] = layer.values[..., src, :]
+
+
 def new_cache(model):
     """An empty KV cache for `model`: growing in place where every layer is full attention."""
     from transformers import DynamicCache

@@ -14,6 +14,14 @@ One round, with the committed sequence `seq` of length n (both caches hold at mo
     crop:   both caches back to the accepted prefix (the target keeps n + accepted tokens;
             after a full accept the draft lacks d_k and is fed it with the next round's input).
 
+Second-choice leaves (greedy, `second_choice_min`): the verify forward also carries the
+draft's second choice beside drafted tokens where the draft itself rates it likely to be
+emitted (second_choice_leaves), each a leaf that sees only its own prefix (tree_inputs, a
+4D attention mask). Where the top choice misses and the target's token is that leaf, the
+round emits it and the leaf row's own next token: one token more from the same forward. The
+emitted leaf's keys and values move beside its prefix before the crop (kv_cache.move_entry).
+Alpha still counts the top choices only; the leaves show in tokens per target forward.
+
 With no draft (or k = 0) the same loop is the target-only baseline: one 1-token target
 forward per emitted token, same caches, same sampling code, so speed comparisons are fair.
 
@@ -43,7 +51,7 @@ import torch
 from draftsmith.decode_step import decode_logits
 from draftsmith.evaluate.metrics import token_outcomes
 from draftsmith.fast_linear import cpu_few_row_linear
-from draftsmith.kv_cache import cache_kwarg, crop_cache, new_cache
+from draftsmith.kv_cache import cache_kwarg, crop_cache, move_entry, new_cache
 from draftsmith.sampling import SamplingConfig, sampling_probs
 
 # verify_fn(p (k+1, V), q (k, V), drafted (k,), generator) -> (num_accepted, next_token)
@@ -71,6 +79,8 @@ class DecodeResult:
     target_1tok_n: int = 0
     target_verify_time: float = 0.0  # summed seconds of (k+1)-token verify forwards
     target_verify_n: int = 0
+    second_proposed: int = 0  # the draft's second choices put to the target as leaves
+    second_accepted: int = 0  # of those, emitted (the target's token where its top choice missed)
     # the prompt's prefills: paid once per request, outside the per-round cost model
     target_prefill_time: float = 0.0
     draft_prefill_time: float = 0.0
@@ -117,6 +127,49 @@ def greedy_accept(target_logits: torch.Tensor, drafted: torch.Tensor) -> tuple[i
     return n_acc, int(best[n_acc])
 
 
+# ----------------------------------------------------------------------------- leaves
+
+
+def second_choice_leaves(runner_up: torch.Tensor, min_gain: float) -> list[tuple[int, int]]:
+    """(j, token): the draft's second choice for drafted token j (0-based), wherever the
+    draft's own estimate of it being emitted, reach_j x p2_j with reach_j the product of its
+    top probabilities before j, is at least `min_gain`. runner_up (k', 3) rows of top_two().
+
+    A verify row costs the target little while the forward stays memory-bound, and misses
+    concentrate where the draft hesitates: there its second choice is often the target's.
+    """
+    leaves, reach = [], 1.0
+    for j, (p1, alt, p2) in enumerate(runner_up.tolist()):
+        if reach * p2 >= min_gain:
+            leaves.append((j, int(alt)))
+        reach *= p1
+    return leaves
+
+
+def tree_inputs(past: int, k: int, depths: list[int], device) -> dict:
+    """attention_mask (1, 1, q, past + q) and position_ids (1, q) for one verify forward over
+    [seq[-1], d_1..d_k, one leaf per depth j in `depths`] on a cache of `past` tokens.
+
+    The first k+1 rows are the usual causal chain. A leaf stands in for d_{j+1} (drafted
+    index j): it sits at d_{j+1}'s position and sees the cache, seq[-1], d_1..d_j and itself,
+    so its logits are the target's next-token distribution after that alternative prefix.
+    """
+    q = k + 1 + len(depths)
+    mask = torch.zeros(q, past + q, dtype=torch.bool, device=device)
+    mask[:, :past] = True
+    mask[: k + 1, past : past + k + 1] = torch.ones(k + 1, k + 1, device=device).tril().bool()
+    positions = list(range(past, past + k + 1))
+    for i, j in enumerate(depths):
+        row = k + 1 + i
+        mask[row, past : past + j + 1] = True  # seq[-1], d_1..d_j
+        mask[row, past + row] = True  # itself
+        positions.append(past + j + 1)
+    return {
+        "attention_mask": mask.view(1, 1, q, past + q),
+        "position_ids": torch.tensor([positions], device=device),
+    }
+
+
 # ----------------------------------------------------------------------------- forwards
 
 
@@ -143,6 +196,9 @@ class DraftContext:
     # probability (None: always k). The rule reads only the draft's own distribution, so
     # rejection sampling stays exact (tests/test_specdec.py checks the joint law).
     stop_below: float | None = None
+    # greedy: keep, per drafted token, its probability and the draft's second choice with
+    # its probability (Proposer.runner_up), for the engine's second-choice leaves
+    runner_up: bool = False
 
     def select(self, scores: torch.Tensor, gen: torch.Generator):
         """scores (V,) over target ids -> (token (1,), q (V,) or None when greedy)."""
@@ -159,6 +215,13 @@ class DraftContext:
             return True
         prob = q[index] if q is not None else torch.softmax(scores.float(), -1)[index]
         return bool(prob >= self.stop_below)
+
+
+def top_two(scores: torch.Tensor) -> torch.Tensor:
+    """scores (V,) -> (3,) floats: the draft's probability of its top token, its second
+    choice's id and that one's probability (ids below 2^24 are exact in float32)."""
+    probs, ids = torch.softmax(scores.float(), -1).topk(2)
+    return torch.stack([probs[0], ids[1].float(), probs[1]])
 
 
 def record_draft_forward(res: DecodeResult, seconds: float, n_tokens: int) -> None:
@@ -185,6 +248,9 @@ class Proposer(ABC):
 
     module: torch.nn.Module  # the draft's weights (timing scope, few-row matmuls)
     aux_layer_ids: Sequence[int] | None = None
+    # (k', 3) after a propose with ctx.runner_up: per drafted token top_two() of the draft's
+    # scores there; None for a proposer that keeps none (the engine then verifies a chain)
+    runner_up: torch.Tensor | None = None
 
     @abstractmethod
     def prefill(self, ctx: DraftContext, prompt: list[int], target_hidden) -> None:
@@ -222,7 +288,7 @@ class CausalLMProposer(Proposer):
     def propose(self, seq: list[int], k: int, gen, res: DecodeResult):
         ctx = self.ctx
         ids = torch.tensor([seq[self.cache.get_seq_length() :]], device=ctx.device)  # (1, 1 or 2)
-        tokens, probs = [], []
+        tokens, probs, runner_up = [], [], []
         for _ in range(k):
             logits, dt = timed(lambda ids=ids: self._logits(ids), ctx.sync_device)
             record_draft_forward(res, dt, ids.shape[1])
@@ -230,9 +296,12 @@ class CausalLMProposer(Proposer):
             tokens.append(tok)
             if q is not None:
                 probs.append(q)
+            if ctx.runner_up:
+                runner_up.append(top_two(logits))
             if not ctx.keep_drafting(logits, tok[0], q):
                 break
             ids = tok.view(1, 1)
+        self.runner_up = torch.stack(runner_up) if runner_up else None  # (k', 3)
         return torch.cat(tokens), (torch.stack(probs) if probs else None)  # (k',), (k', V)
 
     def _logits(self, ids: torch.Tensor) -> torch.Tensor:
@@ -273,9 +342,13 @@ class SpeculativeDecoder:
         few_row_linear: bool = True,
         num_ids: int | None = None,
         stop_below: float | None = None,
+        second_choice_min: float | None = None,
     ):
         self.target = target
         self.stop_below = stop_below  # dynamic lookahead (DraftContext.stop_below)
+        # greedy: verify the draft's second choices as leaves where second_choice_leaves()
+        # rates them at least this (None: a chain, as transformers' assisted generation)
+        self.second_choice_min = second_choice_min
         self.proposer = as_proposer(draft)
         self.k = k if self.proposer is not None else 0
         self.sampling = sampling or SamplingConfig()
@@ -303,9 +376,10 @@ class SpeculativeDecoder:
 
     # -- target forwards --------------------------------------------------------------------
 
-    def _target(self, cache, ids: torch.Tensor, n_logits: int):
+    def _target(self, cache, ids: torch.Tensor, n_logits: int, tree: dict | None = None):
         """ids (1, T) -> logits (n_logits, V), the aux hidden states (T, 3d) the proposer
-        reads (None when it reads none), and seconds."""
+        reads (None when it reads none), and seconds. `tree`: tree_inputs() for a verify
+        pass with leaves."""
 
         def run():
             out = self.target(
@@ -314,6 +388,7 @@ class SpeculativeDecoder:
                 logits_to_keep=n_logits,
                 output_hidden_states=self._aux is not None,
                 **{self._target_kw: cache},
+                **(tree or {}),
             )
             hidden = None
             if self._aux is not None:
@@ -333,12 +408,23 @@ class SpeculativeDecoder:
 
     # -- one round ----------------------------------------------------------------------------
 
-    def _verify(self, seq, cache, drafted, q, gen, res: DecodeResult):
-        """One target forward over [seq[-1], drafted...] -> (num_accepted, next token, hidden)."""
-        k = drafted.numel()
+    def _leaves(self, k: int) -> list[tuple[int, int]]:
+        """This round's second-choice leaves (greedy, with second_choice_min, from a proposer
+        that kept its runner-up choices); none otherwise."""
+        runner_up = None if self.proposer is None else self.proposer.runner_up
+        if self.second_choice_min is None or not k or runner_up is None:
+            return []
+        return second_choice_leaves(runner_up[:k], self.second_choice_min)
+
+    def _verify(self, seq, cache, drafted, q, gen, res: DecodeResult, leaves=()):
+        """One target forward over [seq[-1], drafted..., leaves...] -> (num_accepted drafts,
+        the tokens after them, hidden, the row of the leaf that was emitted or None)."""
+        k, past = drafted.numel(), cache.get_seq_length()
         last = torch.tensor([seq[-1]], device=self.device)
-        ids = torch.cat([last, drafted]).view(1, k + 1)
-        logits, hidden, dt = self._target(cache, ids, k + 1)  # (k+1, V), (k+1, 3d)
+        alts = torch.tensor([t for _, t in leaves], dtype=torch.long, device=self.device)
+        ids = torch.cat([last, drafted, alts]).view(1, -1)
+        tree = tree_inputs(past, k, [j for j, _ in leaves], self.device) if leaves else None
+        logits, hidden, dt = self._target(cache, ids, ids.shape[1], tree)  # (q, V), (q, 3d)
         res.target_forwards += 1
         if k:
             res.target_verify_time += dt
@@ -347,15 +433,23 @@ class SpeculativeDecoder:
             res.target_1tok_time += dt
             res.target_1tok_n += 1
         if self.sampling.greedy:
-            return (*greedy_accept(logits, drafted), hidden)
+            n_acc, nxt = greedy_accept(logits[: k + 1], drafted)
+            res.second_proposed += len(leaves)
+            for i, (j, alt) in enumerate(leaves):
+                if j == n_acc and alt == nxt:  # the top choice missed where the second hit
+                    res.second_accepted += 1
+                    row = k + 1 + i
+                    return n_acc, [nxt, int(logits[row].argmax())], hidden, row
+            return n_acc, [nxt], hidden, None
         p = sampling_probs(logits, self.sampling)  # (k+1, V)
         if q is None:
             q = p.new_zeros((0, p.shape[-1]))
-        return (*self.verify_fn(p, q, drafted, gen), hidden)
+        n_acc, nxt = self.verify_fn(p, q, drafted, gen)
+        return n_acc, [nxt], hidden, None
 
-    def _emit(self, seq, drafted, n_acc: int, nxt: int, budget: int) -> tuple[list[int], bool]:
+    def _emit(self, seq, drafted, n_acc: int, tail: list[int], budget: int):
         """Tokens this round adds, cut after an EOS or at the budget; and whether to stop."""
-        new = drafted[:n_acc].tolist() + [nxt]
+        new = drafted[:n_acc].tolist() + tail
         for i, tok in enumerate(new):
             if tok in self.eos_ids:
                 return new[: i + 1], True
@@ -378,6 +472,7 @@ class SpeculativeDecoder:
         prop = self.proposer
         if prop is not None:
             ctx = DraftContext(self.vocab, self.sampling, self.device, self._sync, self.stop_below)
+            ctx.runner_up = self.second_choice_min is not None and self.sampling.greedy
             _, res.draft_prefill_time = timed(lambda: prop.prefill(ctx, prompt, hidden), self._sync)
 
         seq = prompt  # committed tokens; the target's cache holds seq[:-1]
@@ -391,14 +486,19 @@ class SpeculativeDecoder:
                 drafted, q = prop.propose(seq, k_round, gen, res)
             k_round = drafted.numel()  # a proposer may have fewer (a head: no state yet)
             n_target = t_cache.get_seq_length()
-            n_acc, nxt, hidden = self._verify(seq, t_cache, drafted, q, gen, res)
-            new, done = self._emit(seq, drafted, n_acc, nxt, budget)
+            leaves = self._leaves(k_round)
+            n_acc, tail, hidden, leaf_row = self._verify(seq, t_cache, drafted, q, gen, res, leaves)
+            new, done = self._emit(seq, drafted, n_acc, tail, budget)
             self._record_round(res, k_round, n_acc, new)
             seq = seq + new
             res.tokens.extend(new)
             if not done:
-                crop_cache(t_cache, n_target + 1 + n_acc)
-                if prop is not None:
+                keep = n_target + 1 + n_acc
+                if leaf_row is not None:  # the emitted leaf's keys and values join the prefix
+                    move_entry(t_cache, n_target + leaf_row, keep)
+                    keep += 1
+                crop_cache(t_cache, keep)
+                if prop is not None:  # the draft keeps what it drafted and the target took
                     prop.crop(n_target + 1 + n_acc)
                     prop.observe(new, None if hidden is None else hidden[: n_acc + 1])
         res.stop_reason = "eos" if res.tokens and res.tokens[-1] in self.eos_ids else "length"
@@ -417,4 +517,7 @@ class SpeculativeDecoder:
             res.reached_at[i] += 1
         for i in range(emitted_drafts):
             res.accepted_at[i] += 1
-        res.outcome.extend(token_outcomes(emitted_drafts, reached, len(new)))
+        outcome = token_outcomes(emitted_drafts, reached, len(new))
+        # an emitted second-choice leaf is the target's token where the top choice missed
+        # (outcome 0, alpha unchanged); the token after it is the leaf row's own, a bonus
+        res.outcome.extend(outcome + [-1] * (len(new) - len(outcome)))

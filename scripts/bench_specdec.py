@@ -148,7 +148,7 @@ def decoders(target, draft, args, eos, pad, rounded=None):
     (each decoder at its own best)."""
     natives = {f"native {w}": m for w, m in (rounded or {}).items()} or {"native": draft}
 
-    def native(k=0, stop=None, proposer=None):
+    def native(k=0, stop=None, proposer=None, second=None):
         dec = SpeculativeDecoder(
             target,
             proposer,
@@ -156,6 +156,7 @@ def decoders(target, draft, args, eos, pad, rounded=None):
             eos_ids=eos,
             few_row_linear=args.few_row,
             stop_below=stop,
+            second_choice_min=second,
         )
 
         def run(ids):
@@ -190,6 +191,12 @@ def decoders(target, draft, args, eos, pad, rounded=None):
     for tag, d in natives.items():
         out |= {f"{tag} k={k}": native(k, proposer=d) for k in args.ks}
         out |= {f"{tag} k<={k_max} stop<{t:g}": native(k_max, t, d) for t in args.thresholds}
+        for m in args.second_choice:  # the engine's second-choice leaves (engine.py)
+            out |= {f"{tag} k={k} 2nd>={m:g}": native(k, None, d, m) for k in args.ks}
+            out |= {
+                f"{tag} k<={k_max} stop<{t:g} 2nd>={m:g}": native(k_max, t, d, m)
+                for t in args.thresholds
+            }
     assistants = {"HF assisted": draft} | {
         f"HF assisted {w}": m for w, m in (rounded or {}).items()
     }
@@ -313,13 +320,17 @@ def report_sweep(sets, names, seconds, tokens, results) -> None:
                     f"{m['tokens_proposed'] / max(1, m['target_forwards']):.2f} drafts/round, "
                     f"c {m['draft_cost_ratio']:.3f}, v {m['verify_cost_ratio']:.2f}"
                 )
-                if "stop<" not in n:  # the cost model is for a fixed k
+                if "2nd>=" in n:  # leaves: the target's tokens that were the draft's 2nd choice
+                    put = sum(r.get("second_proposed", 0) for r in rs)
+                    hit = sum(r.get("second_accepted", 0) for r in rs)
+                    extra += f", 2nd choices {hit}/{put} emitted"
+                elif "stop<" not in n:  # the cost model is for a fixed k (a chain)
                     model = m["modelled_speedup_verify"]
                     extra += f", modelled {model:.2f}x (measured/modelled {tps / base / model:.2f})"
                     request = m["modelled_speedup_request"]
                     if request:  # the same model with the prompts' prefills counted
                         extra += f", with prefills {request:.2f}x ({tps / base / request:.2f})"
-            print(f"  {n:28s} {tps:6.2f} tokens/s  {tps / base:5.2f}x{extra}")
+            print(f"  {n:36s} {tps:6.2f} tokens/s  {tps / base:5.2f}x{extra}")
         best_native = max((n for n in names if is_native_spec(n)), key=lambda n: -secs[n])
         best_hf = max((n for n in names if n.startswith("HF assisted")), key=lambda n: -secs[n])
         print(
@@ -338,6 +349,13 @@ def main() -> None:
     ap.add_argument("--sets", nargs="*", default=None, help="sweep mode: builtin[:category] ...")
     ap.add_argument("--ks", nargs="*", type=int, default=[1, 2, 3, 4], help="sweep mode")
     ap.add_argument("--thresholds", nargs="*", type=float, default=[], help="sweep mode")
+    ap.add_argument(
+        "--second-choice",
+        nargs="*",
+        type=float,
+        default=[],
+        help="sweep mode: also the native engine with second-choice leaves at each min gain",
+    )
     ap.add_argument(
         "--few-row",
         default="auto",

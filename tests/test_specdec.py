@@ -18,9 +18,12 @@ from draftsmith.evaluate.engine import (
     SpeculativeDecoder,
     rejection_sample,
     sampling_probs,
+    second_choice_leaves,
+    tree_inputs,
 )
 from draftsmith.evaluate.metrics import greedy_rounds
 from draftsmith.kinds.independent.export import fixed_k_assistant
+from draftsmith.kv_cache import cache_kwarg, new_cache
 from draftsmith.models import tiny_llama_config
 
 # float64 removes kernel noise (a (k+1)-token forward vs 1-token forwards can flip a near-tied
@@ -313,3 +316,122 @@ def test_acceptance_counts_match_teacher_forced_agreement(seed, k, noise):
         want["rounds"],
     )
     assert res.accepted_at == want["accepted_at"] and res.reached_at == want["reached_at"]
+
+
+# ----------------------------------------------------------------------------- second choices
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    k=st.integers(1, 6),
+    noise=st.sampled_from([0.0, 0.3, 1.0]),
+    min_gain=st.sampled_from([0.0, 0.1, 0.3]),
+    max_new=st.integers(1, 24),
+    eos_at=st.integers(0, 20),
+)
+def test_second_choice_leaves_are_lossless(seed, k, noise, min_gain, max_new, eos_at):
+    target, draft = tiny_pair(seed, noise=noise)
+    prompt = [4, 9, 12]
+    plain = SpeculativeDecoder(target).generate(prompt, max_new).tokens
+    eos = [plain[min(eos_at, len(plain) - 1)]]
+    ref = SpeculativeDecoder(target, eos_ids=eos).generate(prompt, max_new).tokens
+    chain = SpeculativeDecoder(target, draft, k=k, eos_ids=eos).generate(prompt, max_new)
+    tree = SpeculativeDecoder(target, draft, k=k, eos_ids=eos, second_choice_min=min_gain)
+    res = tree.generate(prompt, max_new)
+    assert res.tokens == ref
+    assert res.second_accepted <= res.second_proposed
+    assert len(res.outcome) == len(ref)
+    if res.second_accepted == 0:  # no leaf emitted: the chain's rounds, count for count
+        assert (res.target_forwards, res.accepted) == (chain.target_forwards, chain.accepted)
+
+
+def _leaf_rounds(agree: list[bool], second: list[bool], k: int) -> dict:
+    """Greedy rounds with a leaf at every drafted depth, from teacher-forced agreement of
+    the draft's top choice (`agree`) and of its second choice (`second`) with the target's
+    tokens: a round's top-choice run stops at its first miss, where a second-choice hit
+    emits that token and the target's next one."""
+    n, pos, out = len(agree), 0, {"rounds": 0, "proposed": 0, "accepted": 0, "hits": 0}
+    while pos < n:
+        k_round = min(k, n - pos - 1)
+        run = 0
+        while run < k_round and agree[pos + run]:
+            run += 1
+        hit = run < k_round and second[pos + run]
+        out["rounds"] += 1
+        out["proposed"] += k_round
+        out["accepted"] += run
+        out["hits"] += hit
+        pos += run + 1 + hit
+    return out
+
+
+@pytest.mark.parametrize("seed,k,noise", [(0, 4, 0.5), (2, 3, 0.8), (3, 6, 0.5), (0, 2, 1.0)])
+def test_second_choice_rounds_match_teacher_forced_top_two(seed, k, noise):
+    """With a leaf at every depth (min gain 0) the engine's rounds are predicted exactly by
+    one teacher-forced draft pass: which top choices and which second choices agree."""
+    target, draft = tiny_pair(seed, noise=noise)
+    prompt = [5, 9, 3, 17, 11]
+    ref = SpeculativeDecoder(target).generate(prompt, 40).tokens
+    with torch.no_grad():
+        logits = draft(torch.tensor([prompt + ref[:-1]])).logits[0, len(prompt) - 1 :]  # (40, V)
+    top2 = logits.topk(2, dim=-1).indices  # (40, 2)
+    want_ids = torch.tensor(ref)
+    agree, second = (top2[:, 0] == want_ids).tolist(), (top2[:, 1] == want_ids).tolist()
+    want = _leaf_rounds(agree, second, k)
+    assert want["hits"] > 0  # the case under test happens
+    res = SpeculativeDecoder(target, draft, k=k, second_choice_min=0.0).generate(prompt, 40)
+    assert res.tokens == ref
+    assert (res.target_forwards, res.proposed, res.accepted, res.second_accepted) == (
+        want["rounds"],
+        want["proposed"],
+        want["accepted"],
+        want["hits"],
+    )
+    assert res.second_proposed == res.proposed  # a leaf beside every drafted token
+    chain = SpeculativeDecoder(target, draft, k=k).generate(prompt, 40)
+    assert res.target_forwards < chain.target_forwards
+
+
+def test_second_choice_leaves_closed_form():
+    """A leaf where reach x p2 >= min: reach is the product of the top probabilities before."""
+    runner_up = torch.tensor([[0.9, 7, 0.05], [0.5, 3, 0.4], [0.6, 11, 0.3]])
+    # gains: 1 x 0.05, 0.9 x 0.4 = 0.36, 0.45 x 0.3 = 0.135
+    assert second_choice_leaves(runner_up, 0.1) == [(1, 3), (2, 11)]
+    assert second_choice_leaves(runner_up, 0.2) == [(1, 3)]
+    assert second_choice_leaves(runner_up, 0.0) == [(0, 7), (1, 3), (2, 11)]
+    assert second_choice_leaves(runner_up, 0.5) == []
+
+
+def test_a_leaf_row_is_the_target_after_its_alternative_prefix():
+    """tree_inputs: in one verify pass the chain rows equal a causal forward and each leaf's
+    row equals a forward over its own prefix (seq[-1], d_1..d_j, the leaf)."""
+    target = tiny_target(3)
+    cached, last, drafted = [5, 9, 3, 17], 11, [20, 21, 22]
+    leaves = [(0, 30), (2, 31)]  # stand-ins for d_1 and d_3
+    kw = {cache_kwarg(target): new_cache(target), "use_cache": True}
+    with torch.no_grad():
+        target(input_ids=torch.tensor([cached]), **kw)
+        ids = torch.tensor([[last, *drafted, 30, 31]])
+        tree = tree_inputs(len(cached), 3, [j for j, _ in leaves], torch.device("cpu"))
+        got = target(input_ids=ids, **kw, **tree).logits[0]  # (6, V)
+
+        def after(tokens):
+            return target(input_ids=torch.tensor([cached + tokens])).logits[0, -1]
+
+        for row, tokens in enumerate([[last], [last, 20], [last, 20, 21], [last, 20, 21, 22]]):
+            torch.testing.assert_close(got[row], after(tokens))
+        torch.testing.assert_close(got[4], after([last, 30]))
+        torch.testing.assert_close(got[5], after([last, 20, 21, 31]))
+
+
+def test_second_choice_leaves_are_greedy_only():
+    """Under sampling the engine verifies a chain (exact rejection sampling is for one draft
+    per position): the same seed gives the same draws and counts with or without leaves."""
+    target, draft = tiny_pair(5, noise=0.5)
+    sampling = SamplingConfig(temperature=1.0)
+    a = SpeculativeDecoder(target, draft, k=3, sampling=sampling).generate([4, 5], 16, seed=2)
+    b = SpeculativeDecoder(target, draft, k=3, sampling=sampling, second_choice_min=0.0)
+    b = b.generate([4, 5], 16, seed=2)
+    assert (a.tokens, a.accepted, a.target_forwards) == (b.tokens, b.accepted, b.target_forwards)
+    assert b.second_proposed == 0
