@@ -261,6 +261,12 @@ class EvaluateConfig:
     # token the draft gave less than this probability (at most max(k_sweep) per round).
     # Measured by the engine on the engine's prompts; each threshold in (0, 1).
     stop_thresholds: list[float] = field(default_factory=list)
+    # Second-choice leaves (native engine, greedy): for each value, sweep points at
+    # max(k_sweep) (with each stop threshold, or fixed without any) where the verify forward
+    # also carries the draft's second choice wherever the draft rates it at least this
+    # likely to be emitted (evaluate/engine.py second_choice_leaves). Each in [0, 1). vLLM's
+    # draft_model verifies a chain: these points rank what the native engine can do.
+    second_choice_min: list[float] = field(default_factory=list)
     temperature: float = field(default=0.0, metadata=bounds(ge=0))
     top_p: float = field(default=1.0, metadata=bounds(gt=0, le=1))
     top_k: int = field(default=0, metadata=bounds(ge=0))
@@ -382,6 +388,7 @@ def _check_cross_fields(cfg: Config) -> None:
             raise ConfigError(
                 f"evaluate.stop_thresholds[{i}]: a probability strictly between 0 and 1, got {t}"
             )
+    _check_second_choices(cfg.evaluate)
     if cfg.evaluate.draft_weights != "as_loaded" and cfg.evaluate.backend != "native":
         raise ConfigError(
             f"evaluate.draft_weights: {cfg.evaluate.draft_weights} draft weights are the native "
@@ -408,6 +415,23 @@ def _check_cross_fields(cfg: Config) -> None:
         raise ConfigError("data.sources: at least one prompt source is required")
     if all(src.role == "eval" for src in cfg.data.sources):
         raise ConfigError("data.sources: every source has role 'eval'; nothing would be trained on")
+
+
+def _check_second_choices(ev: EvaluateConfig) -> None:
+    for i, m in enumerate(ev.second_choice_min):
+        if not 0 <= m < 1:
+            raise ConfigError(f"evaluate.second_choice_min[{i}]: a probability in [0, 1), got {m}")
+    if ev.second_choice_min and ev.temperature > 0:
+        raise ConfigError(
+            "evaluate.second_choice_min: second-choice leaves are verified under greedy "
+            f"decoding only, and evaluate.temperature is {ev.temperature:g} (set it to 0 or "
+            "the list to [])"
+        )
+    if ev.second_choice_min and ev.backend != "native":
+        raise ConfigError(
+            "evaluate.second_choice_min: second-choice leaves are the native engine's; vLLM's "
+            "draft_model verifies a chain (set the list to [] with evaluate.backend vllm)"
+        )
 
 
 def _check_draft_kinds(cfg: Config) -> None:

@@ -253,7 +253,9 @@ class NativeEvaluator:
     def _eos(self):
         return eos_token_ids(self.models.tokenizer(), self.models.target().generation_config)
 
-    def _decoder(self, proposer, k: int, stop_below: float | None = None) -> SpeculativeDecoder:
+    def _decoder(
+        self, proposer, k: int, stop_below: float | None = None, second_min: float | None = None
+    ) -> SpeculativeDecoder:
         return SpeculativeDecoder(
             self.models.target(),
             proposer,
@@ -263,6 +265,7 @@ class NativeEvaluator:
             few_row_linear=self.few_rows(),  # target-only too: the baseline at its fastest
             num_ids=token_id_count(self.models.tokenizer()),
             stop_below=stop_below,
+            second_choice_min=second_min,
         )
 
     def few_rows(self) -> list[int]:
@@ -417,9 +420,11 @@ class NativeEvaluator:
         base: list[dict],
         k: int,
         stop_below: float | None = None,
+        second_min: float | None = None,
     ):
         """{"lossless_match_rate", "results"} of `draft` at k on these prompts (cached);
-        `stop_below`: dynamic lookahead (engine.DraftContext.stop_below)."""
+        `stop_below`: dynamic lookahead (engine.DraftContext.stop_below); `second_min`:
+        second-choice leaves (engine.second_choice_leaves)."""
         paired = self.cfg.evaluate.paired_baseline
         settings = {**self.settings(prompts), **self.draft_settings(draft), "k": k}
         settings["paired_baseline"] = paired
@@ -427,11 +432,13 @@ class NativeEvaluator:
         stop = ""
         if stop_below is not None:
             settings["stop_below"], stop = stop_below, f"-stop{stop_below:g}"
+        if second_min is not None:
+            settings["second_choice_min"], stop = second_min, f"{stop}-2nd{second_min:g}"
         path = self.dir / f"{safe_name(draft.name)}-{safe_name(name)}-k{k}{stop}-t{t:g}.json"
 
         def make():
             proposer = kind_of(draft).proposer(self.draft_model(draft))
-            decoder = self._decoder(proposer, k, stop_below)
+            decoder = self._decoder(proposer, k, stop_below, second_min)
             desc = f"{draft.name} {name} k={k}"
             if not paired:
                 return {"results": decode_prompts(decoder, prompts, self.cfg, desc)}
@@ -473,17 +480,24 @@ class NativeEvaluator:
         base: list[dict],
         k: int,
         stop_below: float | None = None,
+        second_min: float | None = None,
     ):
         """Greedy: the engine on the set's first evaluate.engine_max_prompts prompts (round
         robin over categories), its counts checked against the replay's (fixed k: the replay
-        has no dynamic lookahead to check against)."""
+        has no dynamic lookahead or second-choice leaves to check against)."""
         chosen = {id(p) for p in select_prompts(prompts, self.cfg.evaluate.engine_max_prompts)}
         idx = [i for i, p in enumerate(prompts) if id(p) in chosen]
         sub, sub_base = [prompts[i] for i in idx], [base[i] for i in idx]
-        data = self.engine(draft, name, sub, sub_base, k, stop_below)
+        data = self.engine(draft, name, sub, sub_base, k, stop_below, second_min)
         timed = timing_base(sub_base, data)
         row = build_row(draft, data["results"], timed, self.cfg, k, name, "engine", data, sub)
-        if stop_below is not None:
+        if second_min is not None:
+            row.second_choice_min = second_min
+            row.second_choices = {
+                key: sum(r.get(f"second_{key}", 0) for r in data["results"])
+                for key in ("proposed", "accepted")
+            }
+        if stop_below is not None or second_min is not None:
             row.stop_threshold = stop_below
             return row
         replayed = self.replayed(draft, name, prompts, base, k)
@@ -556,4 +570,8 @@ class NativeEvaluator:
                 row = build_row(draft, data["results"], timed, self.cfg, k, name, "engine", data)
                 row.stop_threshold = t
             out.append(dynamic_sweep_entry(row, costs))
+        for m in ev.second_choice_min:  # greedy only (config.py): the replay has no leaves
+            for t in ev.stop_thresholds or [None]:
+                row = self.engine_row(draft, name, prompts, base, max(ev.k_sweep), t, m)
+                out.append(dynamic_sweep_entry(row, costs))
         return out, costs

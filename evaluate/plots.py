@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from draftsmith.evaluate.records import LeaderboardRow
+from draftsmith.evaluate.records import LeaderboardRow, is_fixed_k, sweep_label
 from draftsmith.io import named_write_errors
 
 
@@ -114,7 +114,9 @@ def _errors(values: list, spreads: list) -> list[list[float]] | None:
 
 
 def plot_k_sweep(sweep: list[dict], path: Path) -> Path | None:
-    """Measured and modelled speedup against k, each with its interquartile range."""
+    """Measured and modelled speedup against k, each with its interquartile range: lines
+    over the fixed-k points, the other settings (dynamic lookahead, second-choice leaves)
+    as separate markers at their k, labelled."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -123,16 +125,21 @@ def plot_k_sweep(sweep: list[dict], path: Path) -> Path | None:
     if not sweep:
         return None
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ks = [s["k"] for s in sweep]
+    fixed = [s for s in sweep if is_fixed_k(s)]
+    ks = [s["k"] for s in fixed]
     for key, spread, style, label in (
         ("speedup", "speedup_iqr", "o-", "measured (wall clock)"),
         ("modelled_speedup_verify", "modelled_speedup_iqr", "s--", "modelled (timed c, v)"),
     ):
-        ys = [s.get(key) for s in sweep]
+        ys = [s.get(key) for s in fixed]
         if any(y is not None for y in ys):
-            yerr = _errors(ys, [s.get(spread) for s in sweep])
+            yerr = _errors(ys, [s.get(spread) for s in fixed])
             ys = [float("nan") if y is None else y for y in ys]
             ax.errorbar(ks, ys, yerr=yerr, fmt=style, capsize=3, label=label)
+    for s in sweep:
+        if not is_fixed_k(s) and s.get("speedup") is not None:
+            ax.plot([s["k"]], [s["speedup"]], marker="*", markersize=10, linestyle="none")
+            ax.annotate(sweep_label(s), (s["k"], s["speedup"]), fontsize=7)
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xlabel("k (speculative tokens)")
     ax.set_ylabel("speedup over target-only")

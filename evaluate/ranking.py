@@ -22,7 +22,7 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import metrics
-from draftsmith.evaluate.records import DraftEntry, LeaderboardRow
+from draftsmith.evaluate.records import DraftEntry, LeaderboardRow, is_fixed_k
 from draftsmith.evaluate.report import METRIC_KEYS
 from draftsmith.models import resolve_model
 
@@ -206,12 +206,18 @@ def dynamic_sweep_entry(row: LeaderboardRow, costs: dict | None) -> dict:
 
     The fixed-k model assumes k drafts per round; here a round drafts d = proposed / rounds
     on average, so the cost of a round is d c + v, v taken at the smallest swept width that
-    holds d drafts (an overestimate: v grows with width), and the gain is the measured tokens
-    per target forward: modelled = tokens_per_forward / (d c + v), per timing repeat.
+    holds d drafts and the round's l second-choice leaves (an overestimate: v grows with
+    width), and the gain is the measured tokens per target forward: modelled =
+    tokens_per_forward / (d c + v), per timing repeat. Points with leaves
+    (`second_choice_min`) are this same model: the leaves cost verify rows, no draft steps.
     """
+    leaves = row.second_choices or {}
     entry = {
         **sweep_entry(row),
         "stop_threshold": row.stop_threshold,
+        "second_choice_min": row.second_choice_min,
+        "second_choices_emitted": leaves.get("accepted"),
+        "second_choices_verified": leaves.get("proposed"),
         "num_prompts": row.num_prompts,
         "acceptance_measured_by": row.measured_by,
         "speedup_iqr": row.speedup_iqr,
@@ -223,8 +229,9 @@ def dynamic_sweep_entry(row: LeaderboardRow, costs: dict | None) -> dict:
     if not costs or not forwards or tpf is None:
         return entry
     d = row.tokens_proposed / forwards
+    width = d + leaves.get("proposed", 0) / forwards  # rows beside seq[-1]
     swept = sorted(int(k) for k in costs["v"])
-    k_v = next((k for k in swept if k >= d), swept[-1])
+    k_v = next((k for k in swept if k >= width), swept[-1])
     cs, vs = costs["c"], costs["v"][str(k_v)]
     verify = metrics.quartiles([tpf / (d * c + v) for c, v in zip(cs, vs)])
     entry |= {
@@ -258,7 +265,12 @@ def rank_ks(sweep: list[dict], key: str, spread: str | None) -> dict | None:
     clear unless its spread overlaps the runner-up's. None when no entry has `key`."""
     pool = sorted(
         (s for s in sweep if s.get(key) is not None),
-        key=lambda s: (-s[key], s["k"], s.get("stop_threshold") or 0.0),
+        key=lambda s: (
+            -s[key],
+            s["k"],
+            s.get("stop_threshold") or 0.0,
+            s.get("second_choice_min") or 0.0,
+        ),
     )
     if not pool:
         return None
@@ -266,6 +278,7 @@ def rank_ks(sweep: list[dict], key: str, spread: str | None) -> dict | None:
     return {
         "k": pool[0]["k"],
         "stop_threshold": pool[0].get("stop_threshold"),  # None: a fixed k
+        "second_choice_min": pool[0].get("second_choice_min"),  # None: a chain
         "by": key,
         "clear": second is None or _separated(pool[0], second, key, spread),
         "runner_up": second["k"] if second else None,
@@ -281,15 +294,16 @@ def recommend_k(sweep: list[dict]) -> dict:
     fixed k (what vLLM's speculative_config takes); `by` names the figure that chose;
     `clear` is False when the spreads are too wide to rank the winner above the runner-up;
     `wall_clock` ranks the measured speedups the same way, reported beside the
-    recommendation, not used for it; `dynamic` is the best dynamic-lookahead point
-    ({"k", "stop_threshold", ...}) when one ranks above every fixed k, else None.
+    recommendation, not used for it; `dynamic` is the best point with dynamic lookahead or
+    second-choice leaves ({"k", "stop_threshold", "second_choice_min", ...}) when one ranks
+    above every fixed k, else None.
     """
-    fixed = [s for s in sweep if s.get("stop_threshold") is None]
+    fixed = [s for s in sweep if is_fixed_k(s)]
     for key, spread in K_RULES:
         choice = rank_ks(fixed, key, spread)
         if choice is not None:
             overall = rank_ks(sweep, key, spread)
-            dynamic = overall if overall["stop_threshold"] is not None else None
+            dynamic = None if is_fixed_k(overall) else overall
             wall = rank_ks(fixed, "speedup", "speedup_iqr")
             return {**choice, "wall_clock": wall, "dynamic": dynamic}
     # nothing timed at all (no tokens decoded): the first k swept, marked unranked
@@ -310,7 +324,7 @@ def recommend_k_by_category(sweep: list[dict]) -> dict:
     (category_points), for a server that sees mostly one kind of content. Acceptance
     differs by content (code is re-typed, prose is not), so the best k does too; the costs
     are the run's. {} when the sweep has no categories (one-category sets, vLLM)."""
-    fixed = [s for s in sweep if s.get("stop_threshold") is None]
+    fixed = [s for s in sweep if is_fixed_k(s)]
     cats = sorted({cat for s in fixed for cat in s.get("per_category") or {}})
     out = {}
     for cat in cats:

@@ -228,6 +228,23 @@ def summary_args(d: dict) -> dict:
     return args
 
 
+# ----------------------------------------------------------------------------- sweep points
+
+
+def is_fixed_k(entry: dict) -> bool:
+    """A sweep point at a fixed k verifying a chain (what vLLM's speculative_config takes),
+    not one with dynamic lookahead or second-choice leaves."""
+    return entry.get("stop_threshold") is None and entry.get("second_choice_min") is None
+
+
+def sweep_label(entry: dict) -> str:
+    """k=4; k<=6 stop<0.5 for a dynamic-lookahead point; ` 2nd>=0.05` appended for one
+    with second-choice leaves."""
+    t, m = entry.get("stop_threshold"), entry.get("second_choice_min")
+    label = f"k={entry['k']}" if t is None else f"k<={entry['k']} stop<{t:g}"
+    return label if m is None else f"{label} 2nd>={m:g}"
+
+
 # ----------------------------------------------------------------------------- leaderboard rows
 
 
@@ -239,7 +256,8 @@ class LeaderboardRow(MetricSummary):
 
     Written only when set: `replay_match_rate` (a greedy engine row at a fixed k: the share
     of prompts whose counts equal the replay's), `stop_threshold` (a dynamic-lookahead sweep
-    row) and `trained_with` (what a draft this run trained was trained with, added by
+    row), `second_choice_min` and `second_choices` (a sweep row with second-choice leaves:
+    the engine's min gain, and how many leaves it verified and emitted) and `trained_with` (what a draft this run trained was trained with, added by
     report.portable_board from its checkpoint's record).
     """
 
@@ -260,12 +278,20 @@ class LeaderboardRow(MetricSummary):
     lossless_ties: int | None = None
     replay_match_rate: float | None = None
     stop_threshold: float | None = None
+    second_choice_min: float | None = None
+    second_choices: dict | None = None  # {"proposed": leaves verified, "accepted": emitted}
     trained_with: dict | None = None
 
     IDENTITY = ("checkpoint", "path", "step", "role", "kind", "trained_steps")
     WHERE = ("eval_set", "measured_by")
     SETTINGS = ("num_speculative_tokens", "temperature", "backend")
-    EXTRAS = ("replay_match_rate", "stop_threshold", "trained_with")
+    EXTRAS = (
+        "replay_match_rate",
+        "stop_threshold",
+        "second_choice_min",
+        "second_choices",
+        "trained_with",
+    )
     # the row's own fields that are always written (per_category: one summary per category)
     OWN = (*IDENTITY, *WHERE, *SETTINGS, "speedup_iqr", "lossless_match_rate", "lossless_ties")
     # build_row's order, then the fields written only when set

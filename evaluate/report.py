@@ -23,7 +23,7 @@ from draftsmith.evaluate.plots import (
     plot_per_position,
     plot_training_curves,
 )
-from draftsmith.evaluate.records import CONFIDENCE_KEYS, LeaderboardRow
+from draftsmith.evaluate.records import CONFIDENCE_KEYS, LeaderboardRow, sweep_label
 from draftsmith.io import atomic_write_json, atomic_write_text
 
 # The figures that describe one draft at one k, with their table titles and formats: the
@@ -206,6 +206,11 @@ def format_sweep(board: dict) -> list[str]:
             parts.append(f"in-run model {s['modelled_speedup_in_run']:.2f}x")
         if s.get("modelled_request_in_run") is not None:  # ... with the prompt prefills
             parts.append(f"with prefills {s['modelled_request_in_run']:.2f}x")
+        if s.get("second_choices_verified") is not None:
+            parts.append(
+                f"second choices emitted {s['second_choices_emitted']} of "
+                f"{s['second_choices_verified']} verified"
+            )
         lines.append("  " + ", ".join(parts))
     return lines
 
@@ -235,10 +240,15 @@ def format_recommendation(board: dict) -> str:
         line += f". Wall clock ranks k={wall['k']} first ({verdict})"
     dyn = rec.get("dynamic")
     if dyn:
-        line += (
-            f". Dynamic lookahead ranks above every fixed k: at most k={dyn['k']}, stopping "
-            f"after a draft below probability {dyn['stop_threshold']:g}"
-        )
+        how = []
+        if dyn.get("stop_threshold") is not None:
+            how.append(f"stopping after a draft below probability {dyn['stop_threshold']:g}")
+        if dyn.get("second_choice_min") is not None:
+            how.append(
+                f"verifying the draft's second choices where it rates them >= "
+                f"{dyn['second_choice_min']:g} (native engine)"
+            )
+        line += f". {sweep_label(dyn)} ranks above every fixed k: " + " and ".join(how)
     return line
 
 
@@ -262,12 +272,6 @@ def format_category_ks(board: dict) -> list[str]:
             f"{_cell(r.get('modelled_speedup_verify'), '{:.2f}x')}{measured}{runner})"
         )
     return lines
-
-
-def sweep_label(entry: dict) -> str:
-    """k=4, or k<=6 stop<0.5 for a dynamic-lookahead point."""
-    t = entry.get("stop_threshold")
-    return f"k={entry['k']}" if t is None else f"k<={entry['k']} stop<{t:g}"
 
 
 def format_table(board: dict) -> str:
@@ -353,9 +357,9 @@ def log_wandb(cfg: Config, board: dict, images: list[Path]) -> None:
             values = [getattr(row, f) for f in CSV_FIELDS]
             table.add_data(*[json.dumps(v) if isinstance(v, list) else v for v in values])
         cols = ["k", "acceptance_rate", "modelled_speedup_verify", "speedup"]
-        sweep = wandb.Table(columns=cols)
+        sweep = wandb.Table(columns=["setting", *cols])
         for s in board["k_sweep"]:
-            sweep.add_data(*[s.get(c) for c in cols])
+            sweep.add_data(sweep_label(s), *[s.get(c) for c in cols])
         run.log(
             {
                 "leaderboard": table,

@@ -86,6 +86,22 @@ def test_yaml_exponent_without_dot_is_a_float(tmp_path):
             "evaluate.stop_thresholds[1]: a probability strictly between 0 and 1, got 1.0",
         ),
         ("{}", ["evaluate.stop_thresholds=[0]"], "evaluate.stop_thresholds[0]: a probability"),
+        (
+            "{}",
+            ["evaluate.second_choice_min=[0.1,1]"],
+            "evaluate.second_choice_min[1]: a probability in [0, 1), got 1",
+        ),
+        (
+            "{}",
+            ["evaluate.second_choice_min=[0.1]", "evaluate.temperature=0.7"],
+            "evaluate.second_choice_min: second-choice leaves are verified under greedy "
+            "decoding only, and evaluate.temperature is 0.7",
+        ),
+        (
+            "{}",
+            ["evaluate.second_choice_min=[0.1]", "evaluate.backend=vllm"],
+            "evaluate.second_choice_min: second-choice leaves are the native engine's",
+        ),
         ("{}", ["distill.train_layers=0"], "distill.train_layers: must be >= 1"),
         ("{}", ["evaluate.cpu_few_row_linear=maybe"], "evaluate.cpu_few_row_linear: expected"),
         (

@@ -26,7 +26,8 @@ from draftsmith.evaluate.ranking import (
     recommend_k,
     recommend_k_by_category,
 )
-from draftsmith.evaluate.records import LeaderboardRow, MetricSummary, rows_from_dicts
+from draftsmith.evaluate.records import LeaderboardRow, MetricSummary, rows_from_dicts, sweep_label
+from draftsmith.evaluate.report import format_recommendation
 from draftsmith.evaluate.stage import run_evaluate
 
 PROMPTS = [
@@ -461,6 +462,7 @@ def test_recommended_k_follows_the_modelled_optimum_not_the_wall_clock():
     assert rec["wall_clock"] == {
         "k": 1,
         "stop_threshold": None,
+        "second_choice_min": None,
         "by": "speedup",
         "clear": False,
         "runner_up": 2,
@@ -566,6 +568,53 @@ def test_dynamic_sweep_entry_costs_the_drafts_its_rounds_made():
     assert entry["drafts_per_round"] == 2.5 and entry["verify_cost_ratio"] == 1.2  # width 4+1
     assert entry["modelled_speedup_verify"] == pytest.approx(2.0 / (2.5 * 0.5 + 1.2))
     assert entry["modelled_speedup"] == pytest.approx(2.0 / (2.5 * 0.5 + 1))
+
+
+def test_a_second_choice_point_is_costed_with_its_leaves_as_verify_rows():
+    row = _row(
+        "c",
+        num_speculative_tokens=4,
+        second_choice_min=0.05,
+        second_choices={"proposed": 15, "accepted": 4},
+        num_prompts=2,
+        measured_by="engine",
+        target_forwards=10,
+        tokens_proposed=30,  # 3 drafts and 1.5 leaves a round: width 4.5 + 1
+        mean_accepted_length=3.0,
+    )
+    costs = {
+        "c": [0.2] * 3,
+        "v": {"2": [1.0] * 3, "4": [1.1] * 3, "6": [1.3] * 3},
+        "draft_cost_ratio": [0.2] * 3,
+        "verify_cost_ratio": {"2": [1.0] * 3, "4": [1.1] * 3, "6": [1.3] * 3},
+    }
+    entry = dynamic_sweep_entry(row, costs)
+    assert entry["verify_cost_ratio"] == 1.3  # the leaves widen the forward past k=4's
+    assert entry["modelled_speedup_verify"] == pytest.approx(3.0 / (3 * 0.2 + 1.3))
+    assert (entry["second_choices_emitted"], entry["second_choices_verified"]) == (4, 15)
+    assert sweep_label(entry) == "k=4 2nd>=0.05"
+    # it ranks beside the fixed ks, and never as the k vLLM is given
+    fixed = [_point(2, 1.2, [1.1, 1.3], 1.2, [1.1, 1.3]), _point(4, 1.3, [1.2, 1.4], 1.3, None)]
+    rec = recommend_k([*fixed, entry])
+    assert rec["k"] == 4 and rec["dynamic"]["second_choice_min"] == 0.05
+    assert "k=4 2nd>=0.05 ranks above every fixed k" in format_recommendation(
+        {"recommended_k": 4, "k_recommendation": rec}
+    )
+
+
+def test_second_choice_leaves_are_decoded_by_the_engine_and_ranked_in_the_sweep(run_dir, capsys):
+    run_evaluate(_cfg(run_dir, k_sweep=[1, 3], stop_thresholds=[0.5], second_choice_min=[0.0]))
+    board = _board(run_dir)
+    (leaves,) = [s for s in board["k_sweep"] if s.get("second_choice_min") is not None]
+    assert (leaves["k"], leaves["stop_threshold"], leaves["acceptance_measured_by"]) == (
+        3,
+        0.5,
+        "engine",
+    )
+    assert leaves["lossless_match_rate"] == 1.0 and leaves["modelled_speedup_verify"] is not None
+    assert leaves["second_choices_verified"] > 0  # min gain 0: beside every drafted token
+    assert 0 <= leaves["second_choices_emitted"] <= leaves["second_choices_verified"]
+    assert "k<=3 stop<0.5 2nd>=0: accept" in capsys.readouterr().out
 
 
 def test_stop_thresholds_are_decoded_by_the_engine_and_ranked_in_the_sweep(run_dir, capsys):
