@@ -429,12 +429,12 @@ class NativeEvaluator:
         settings = {**self.settings(prompts), **self.draft_settings(draft), "k": k}
         settings["paired_baseline"] = paired
         t = self.cfg.evaluate.temperature
-        stop = ""
+        suffix = ""
         if stop_below is not None:
-            settings["stop_below"], stop = stop_below, f"-stop{stop_below:g}"
+            settings["stop_below"], suffix = stop_below, f"-stop{stop_below:g}"
         if second_min is not None:
-            settings["second_choice_min"], stop = second_min, f"{stop}-2nd{second_min:g}"
-        path = self.dir / f"{safe_name(draft.name)}-{safe_name(name)}-k{k}{stop}-t{t:g}.json"
+            settings["second_choice_min"], suffix = second_min, f"{suffix}-2nd{second_min:g}"
+        path = self.dir / f"{safe_name(draft.name)}-{safe_name(name)}-k{k}{suffix}-t{t:g}.json"
 
         def make():
             proposer = kind_of(draft).proposer(self.draft_model(draft))
