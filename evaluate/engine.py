@@ -207,13 +207,15 @@ class DraftContext:
         q = sampling_probs(scores, self.sampling)  # (V,)
         return torch.multinomial(q, 1, generator=gen), q
 
-    def keep_drafting(self, scores: torch.Tensor, index: torch.Tensor, q) -> bool:
+    def keep_drafting(self, scores: torch.Tensor, index: torch.Tensor, q, prob=None) -> bool:
         """Whether the round drafts on after the token at `index` of `scores` (the draft's
-        logits in its own id space): its probability is q[index] when sampling, else the
-        softmax of the scores there; True when no threshold is set."""
+        logits in its own id space): its probability is `prob` when the caller has it
+        already, q[index] when sampling, else the softmax of the scores there; True when no
+        threshold is set."""
         if self.stop_below is None:
             return True
-        prob = q[index] if q is not None else torch.softmax(scores.float(), -1)[index]
+        if prob is None:
+            prob = q[index] if q is not None else torch.softmax(scores.float(), -1)[index]
         return bool(prob >= self.stop_below)
 
 
@@ -296,9 +298,11 @@ class CausalLMProposer(Proposer):
             tokens.append(tok)
             if q is not None:
                 probs.append(q)
-            if ctx.runner_up:
+            prob = None
+            if ctx.runner_up:  # greedy: the token is the top one, its probability top_two's
                 runner_up.append(top_two(logits))
-            if not ctx.keep_drafting(logits, tok[0], q):
+                prob = runner_up[-1][0]
+            if not ctx.keep_drafting(logits, tok[0], q, prob):
                 break
             ids = tok.view(1, 1)
         self.runner_up = torch.stack(runner_up) if runner_up else None  # (k', 3)

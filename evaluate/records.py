@@ -257,8 +257,9 @@ class LeaderboardRow(MetricSummary):
     Written only when set: `replay_match_rate` (a greedy engine row at a fixed k: the share
     of prompts whose counts equal the replay's), `stop_threshold` (a dynamic-lookahead sweep
     row), `second_choice_min` and `second_choices` (a sweep row with second-choice leaves:
-    the engine's min gain, and how many leaves it verified and emitted) and `trained_with` (what a draft this run trained was trained with, added by
-    report.portable_board from its checkpoint's record).
+    the engine's min gain, and how many leaves it verified and emitted) and `trained_with`
+    (what a draft this run trained was trained with, added by report.portable_board from
+    its checkpoint's record).
     """
 
     checkpoint: str
