@@ -38,6 +38,7 @@ from draftsmith.evaluate.engine import (
     DraftContext,
     Proposer,
     SpeculativeDecoder,
+    argmax_ids,
     record_draft_forward,
     timed,
 )
@@ -118,7 +119,7 @@ class Eagle3Proposer(Proposer):
                 logits = logits.masked_fill(~self.allowed, float("-inf"))
             if self.margins is not None:
                 self.margins.append(relative_margin(logits[None]))
-            return self.target_ids[logits.argmax(-1, keepdim=True)], None
+            return self.target_ids[argmax_ids(logits, keepdim=True)], None
         rows = self.module.t2d.numel()
         scores = draft_logits_to_target(logits, self.module.d2t, rows)[: ctx.vocab]  # (V,)
         return ctx.select(scores, gen)
@@ -130,7 +131,7 @@ class Eagle3Proposer(Proposer):
             return self.ctx.keep_drafting(q, tok[0], q)
         if self.allowed is not None:
             logits = logits.masked_fill(~self.allowed, float("-inf"))
-        return self.ctx.keep_drafting(logits, logits.argmax(-1), None)
+        return self.ctx.keep_drafting(logits, argmax_ids(logits), None)
 
     def crop(self, keep: int) -> None:
         crop_cache(self.cache, min(self.verified, keep))
