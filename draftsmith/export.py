@@ -30,6 +30,7 @@ from draftsmith.evaluate.report import (
     TRAINED_ROLES,
     format_category_ks,
     format_comparison,
+    format_limits,
     format_recommendation,
     format_sweep,
     ranking_rows,
@@ -230,6 +231,12 @@ def _category_ks(board: dict) -> str:
     return "\n" + lines[0][0].upper() + lines[0][1:] + "\n```\n" + "\n".join(lines[1:]) + "\n```\n"
 
 
+def _limits(board: dict, k: int) -> str:
+    """What the draft's own cost takes from the best sweep point, as a sentence."""
+    lines = format_limits({**board, "recommended_k": k})
+    return "\n" + lines[0][0].upper() + lines[0][1:] + ".\n" if lines else ""
+
+
 def _init(meta: dict | None, row: LeaderboardRow) -> str:
     if row.role == "baseline":
         return "external (evaluate.baselines)"
@@ -341,7 +348,7 @@ range over prompts]:
 {sweep}
 ```
 {format_recommendation({**board, "recommended_k": k})}.
-{_category_ks(board)}
+{_limits(board, k)}{_category_ks(board)}
 ## Use it
 {kind.card_usage(spec, target_path, out.resolve(), k)}
 """

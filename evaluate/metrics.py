@@ -89,6 +89,20 @@ def modelled_speedup(
     return expected_tokens_per_round(a, k) / (k * c + verify_cost)
 
 
+def draft_share(drafts: float, c: float, verify_cost: float) -> float:
+    """d c / (d c + v): the share of a round's modelled time that its d draft steps take (c a
+    draft step, v the verify forward, both in 1-token target forwards)."""
+    return drafts * c / (drafts * c + verify_cost)
+
+
+def free_draft_speedup(tokens_per_round: float, verify_cost: float) -> float:
+    """tokens / v: the modelled speedup of the same rounds with draft steps that cost
+    nothing. No cheaper draft proposing the same tokens, and no faster decoder of this draft
+    (transformers' assisted generation, the native engine), can do better at this acceptance:
+    a round still costs its verify forward."""
+    return tokens_per_round / verify_cost
+
+
 def modelled_request_speedup(
     steady: float | None,
     tokens: int,

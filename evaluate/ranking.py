@@ -157,6 +157,7 @@ def costed_sweep_entry(
     if model is not None:
         plain, verify = model
         c, v = costs["draft_cost_ratio"], costs["verify_cost_ratio"][str(k)]
+        tokens = metrics.expected_tokens_per_round(acceptance.alpha, k)
         entry |= {
             "draft_cost_ratio": c[1],
             "draft_cost_iqr": [c[0], c[2]],
@@ -165,8 +166,24 @@ def costed_sweep_entry(
             "modelled_speedup": plain[1],
             "modelled_speedup_verify": verify[1],
             "modelled_speedup_iqr": [verify[0], verify[2]],
+            **draft_limits(tokens, k, costs["c"], costs["v"][str(k)]),
         }
     return entry
+
+
+def draft_limits(tokens: float, drafts: float, cs: list[float], vs: list[float]) -> dict:
+    """What the draft's own cost takes from a sweep point of `tokens` per round and `drafts`
+    draft steps per round, per timing repeat (c, v), medians: {"draft_share": the share of
+    a round spent drafting, "modelled_speedup_free_draft": the same rounds with free draft
+    steps, the ceiling for any cheaper draft of this acceptance}."""
+    return {
+        "draft_share": metrics.quartiles(
+            [metrics.draft_share(drafts, c, v) for c, v in zip(cs, vs)]
+        )[1],
+        "modelled_speedup_free_draft": metrics.quartiles(
+            [metrics.free_draft_speedup(tokens, v) for v in vs]
+        )[1],
+    }
 
 
 def category_points(
@@ -241,6 +258,7 @@ def dynamic_sweep_entry(row: LeaderboardRow, costs: dict | None) -> dict:
         "modelled_speedup": metrics.quartiles([tpf / (d * c + 1) for c in cs])[1],
         "modelled_speedup_verify": verify[1],
         "modelled_speedup_iqr": [verify[0], verify[2]],
+        **draft_limits(tpf, d, cs, vs),
     }
     return entry
 

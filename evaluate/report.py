@@ -252,6 +252,32 @@ def format_recommendation(board: dict) -> str:
     return line
 
 
+def best_sweep_point(board: dict) -> dict | None:
+    """The sweep point the recommendation ranks first: the dynamic one where it ranks above
+    every fixed k, else the recommended k; None when the sweep lacks it."""
+    rec = board.get("k_recommendation") or {}
+    want = rec.get("dynamic") or {"k": board.get("recommended_k")}
+    keys = ("k", "stop_threshold", "second_choice_min")
+    return next(
+        (s for s in board.get("k_sweep", []) if all(s.get(x) == want.get(x) for x in keys)), None
+    )
+
+
+def format_limits(board: dict) -> list[str]:
+    """One line on what the draft's own cost takes from the best sweep point: its share of a
+    round, and the ceiling of the same acceptance with free draft steps (metrics.draft_share,
+    metrics.free_draft_speedup); none without timed costs."""
+    s = best_sweep_point(board)
+    if s is None or s.get("draft_share") is None:
+        return []
+    return [
+        f"what limits {sweep_label(s)}: its draft steps take {s['draft_share']:.0%} of a round "
+        f"(modelled {s['modelled_speedup_verify']:.2f}x); with draft steps that cost nothing "
+        f"the same acceptance would give {s['modelled_speedup_free_draft']:.2f}x, the most a "
+        "cheaper draft of this acceptance or a faster decoder of this draft can reach"
+    ]
+
+
 def format_category_ks(board: dict) -> list[str]:
     """The recommended k per category, one line each: the modelled speedup it was chosen by
     and the engine's wall clock at that k on the category's engine prompts."""
@@ -289,6 +315,7 @@ def format_table(board: dict) -> str:
     lines.append(f"best: {board['best']} by {board['select_metric']}{where}; k sweep:")
     lines += format_sweep(board)
     lines.append(format_recommendation(board))
+    lines += format_limits(board)
     lines += format_category_ks(board)
     for c in board.get("comparisons", []):
         prefix = f"[{c['eval_set']}] " if c.get("eval_set") else ""

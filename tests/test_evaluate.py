@@ -27,7 +27,7 @@ from draftsmith.evaluate.ranking import (
     recommend_k_by_category,
 )
 from draftsmith.evaluate.records import LeaderboardRow, MetricSummary, rows_from_dicts, sweep_label
-from draftsmith.evaluate.report import format_recommendation
+from draftsmith.evaluate.report import format_limits, format_recommendation
 from draftsmith.evaluate.stage import run_evaluate
 
 PROMPTS = [
@@ -229,6 +229,7 @@ def test_evaluate_ranks_checkpoints_and_writes_reports(run_dir, capsys):
     assert "== eval set heldout (primary: best draft and k chosen here): 5 prompts" in printed
     assert printed.count("*checkpoint-8") == 2  # its replay row and its engine row
     assert f"recommended k = {rec['k']}, by the modelled speedup" in printed
+    assert f"what limits k={rec['k']}: its draft steps take " in printed
     assert printed.count("in-run model ") == 2  # one per k of the sweep
     assert "recommended k per category (its own acceptance, the run's costs):" in printed
     assert f"  code: k={rec['k']} (alpha 1.000, modelled " in printed
@@ -522,6 +523,11 @@ def test_each_category_gets_the_k_its_own_acceptance_recommends():
             assert point["alpha"] == a and point["num_prompts"] == 2
         assert s["per_category"]["code"]["speedup"] == pytest.approx(1.0 + s["k"] / 10)
         assert s["per_category"]["writing"]["speedup"] is None  # no engine figure for it
+        # what the draft's cost takes: k c of k c + v, and the same alpha with free drafts
+        assert s["draft_share"] == pytest.approx(s["k"] * c / (s["k"] * c + v))
+        ceiling = (1 - 0.75 ** (s["k"] + 1)) / (1 - 0.75) / v
+        assert s["modelled_speedup_free_draft"] == pytest.approx(ceiling)
+        assert s["modelled_speedup_verify"] == pytest.approx(ceiling * (1 - s["draft_share"]))
     by_cat = recommend_k_by_category(sweep)
     for cat, a in alphas.items():
         best = max(ks, key=lambda k: _closed_form(a, k, c, v))
@@ -568,6 +574,8 @@ def test_dynamic_sweep_entry_costs_the_drafts_its_rounds_made():
     assert entry["drafts_per_round"] == 2.5 and entry["verify_cost_ratio"] == 1.2  # width 4+1
     assert entry["modelled_speedup_verify"] == pytest.approx(2.0 / (2.5 * 0.5 + 1.2))
     assert entry["modelled_speedup"] == pytest.approx(2.0 / (2.5 * 0.5 + 1))
+    assert entry["draft_share"] == pytest.approx(1.25 / (1.25 + 1.2))
+    assert entry["modelled_speedup_free_draft"] == pytest.approx(2.0 / 1.2)
 
 
 def test_a_second_choice_point_is_costed_with_its_leaves_as_verify_rows():
@@ -600,6 +608,14 @@ def test_a_second_choice_point_is_costed_with_its_leaves_as_verify_rows():
     assert "k=4 2nd>=0.05 ranks above every fixed k" in format_recommendation(
         {"recommended_k": 4, "k_recommendation": rec}
     )
+    # what limits it is said of that point, not of the fixed k=4 beside it
+    board = {"recommended_k": 4, "k_recommendation": rec, "k_sweep": [*fixed, entry]}
+    (line,) = format_limits(board)
+    share, ceiling = 0.6 / (0.6 + 1.3), 3.0 / 1.3
+    assert line.startswith(f"what limits k=4 2nd>=0.05: its draft steps take {share:.0%} ")
+    assert f"(modelled {3.0 / 1.9:.2f}x)" in line and f"would give {ceiling:.2f}x" in line
+    # the sweep lacks the point ranked first: nothing said
+    assert format_limits({**board, "k_sweep": fixed}) == []
 
 
 def test_second_choice_leaves_are_decoded_by_the_engine_and_ranked_in_the_sweep(run_dir, capsys):

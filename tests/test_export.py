@@ -139,6 +139,17 @@ def test_export_takes_the_primary_sets_engine_row_and_the_card_shows_every_set(c
     assert "recommended k = 2, by the modelled speedup" in card
     assert "the spread is too wide to rank it above k=1" in card
     assert "per category" not in card  # a board without a per-category k says nothing of it
+    assert "What limits" not in card  # a sweep without timed costs says nothing of them
+    timed = {
+        "modelled_speedup_verify": 1.6,
+        "draft_share": 0.3,
+        "modelled_speedup_free_draft": 2.29,
+    }
+    sweep = [BOARD["k_sweep"][0], {**BOARD["k_sweep"][1], **timed}]
+    card = model_card(
+        cfg, {**BOARD, "k_sweep": sweep}, row, 2, tmp_path / "export", _record("forward_kl")
+    )
+    assert "What limits k=2: its draft steps take 30% of a round (modelled 1.60x)" in card
     by_cat = {
         "coding": {
             "k": 5,

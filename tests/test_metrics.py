@@ -51,6 +51,19 @@ def test_modelled_request_speedup_closed_form():
     assert m.modelled_request_speedup(3.0, 64, 0.2, None, 0.2) is None
 
 
+def test_draft_share_and_free_draft_speedup_closed_forms():
+    # 3 draft steps of c = 0.2 beside a verify of 1.4: 0.6 of a 2.0 round
+    assert m.draft_share(3, 0.2, 1.4) == pytest.approx(0.3)
+    assert m.free_draft_speedup(3.0, 1.5) == pytest.approx(2.0)
+    # the model factors into the ceiling and the share it loses to drafting
+    a, k, c, v = 0.7, 4, 0.15, 1.2
+    tokens = m.expected_tokens_per_round(a, k)
+    assert m.modelled_speedup(a, k, c, v) == pytest.approx(
+        m.free_draft_speedup(tokens, v) * (1 - m.draft_share(k, c, v))
+    )
+    assert m.draft_share(4, 0.0, 1.0) == 0.0  # a free draft: the ceiling itself
+
+
 def test_alpha_counts_verified_drafts_only():
     # k=4, four rounds accepting 0, 1, 2 and 4 drafts.
     # verified positions: 1 (reject at 1), 2 (accept 1, reject 2), 3, 4 -> 10; accepted 7.
