@@ -261,11 +261,12 @@ class EvaluateConfig:
     # token the draft gave less than this probability (at most max(k_sweep) per round).
     # Measured by the engine on the engine's prompts; each threshold in (0, 1).
     stop_thresholds: list[float] = field(default_factory=list)
-    # Second-choice leaves (native engine, greedy): for each value, sweep points at
-    # max(k_sweep) (with each stop threshold, or fixed without any) where the verify forward
-    # also carries the draft's second choice wherever the draft rates it at least this
-    # likely to be emitted (evaluate/engine.py second_choice_leaves). Each in [0, 1). vLLM's
-    # draft_model verifies a chain: these points rank what the native engine can do.
+    # Second-choice leaves (native engine; greedy, or exact under sampling): for each value,
+    # sweep points at max(k_sweep) (with each stop threshold, or fixed without any) where the
+    # verify forward also carries the draft's second choice wherever the draft rates it at
+    # least this likely to be emitted (evaluate/engine.py second_choice_leaves). Each in
+    # [0, 1). vLLM's draft_model verifies a chain: these points rank what the native engine
+    # can do.
     second_choice_min: list[float] = field(default_factory=list)
     temperature: float = field(default=0.0, metadata=bounds(ge=0))
     top_p: float = field(default=1.0, metadata=bounds(gt=0, le=1))
@@ -421,12 +422,6 @@ def _check_second_choices(ev: EvaluateConfig) -> None:
     for i, m in enumerate(ev.second_choice_min):
         if not 0 <= m < 1:
             raise ConfigError(f"evaluate.second_choice_min[{i}]: a probability in [0, 1), got {m}")
-    if ev.second_choice_min and ev.temperature > 0:
-        raise ConfigError(
-            "evaluate.second_choice_min: second-choice leaves are verified under greedy "
-            f"decoding only, and evaluate.temperature is {ev.temperature:g} (set it to 0 or "
-            "the list to [])"
-        )
     if ev.second_choice_min and ev.backend != "native":
         raise ConfigError(
             "evaluate.second_choice_min: second-choice leaves are the native engine's; vLLM's "

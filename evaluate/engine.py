@@ -14,13 +14,17 @@ One round, with the committed sequence `seq` of length n (both caches hold at mo
     crop:   both caches back to the accepted prefix (the target keeps n + accepted tokens;
             after a full accept the draft lacks d_k and is fed it with the next round's input).
 
-Second-choice leaves (greedy, `second_choice_min`): the verify forward also carries the
-draft's second choice beside drafted tokens where the draft itself rates it likely to be
-emitted (second_choice_leaves), each a leaf that sees only its own prefix (tree_inputs, a
-4D attention mask). Where the top choice misses and the target's token is that leaf, the
-round emits it and the leaf row's own next token: one token more from the same forward. The
-emitted leaf's keys and values move beside its prefix before the crop (kv_cache.move_entry).
-Alpha still counts the top choices only; the leaves show in tokens per target forward.
+Second-choice leaves (`second_choice_min`): the verify forward also carries the draft's
+second choice beside drafted tokens where the draft itself rates it likely to be emitted
+(second_choice_leaves), each a leaf that sees only its own prefix (tree_inputs, a 4D
+attention mask). Greedy: where the top choice misses and the target's token is that leaf,
+the round emits it and the leaf row's own next token: one token more from the same forward.
+Sampling: the drafted token is judged as in a chain; where it is rejected and a leaf stands
+there, the leaf is emitted with its probability under the rejection's residual law, and
+then a token drawn from the leaf row (sample_with_leaf), so the output law stays the
+target's. The emitted leaf's keys and values move beside its prefix before the crop
+(kv_cache.move_entry). Alpha still counts the drafted tokens only; the leaves show in tokens
+per target forward.
 
 With no draft (or k = 0) the same loop is the target-only baseline: one 1-token target
 forward per emitted token, same caches, same sampling code, so speed comparisons are fair.
@@ -101,22 +105,54 @@ def rejection_sample(
 
     The emitted tokens d[:n] + [next] are distributed exactly as k+1 draws from the target.
     """
-    k = drafted.numel()
-    n_acc = 0
-    if k:
-        rows = torch.arange(k, device=p.device)
-        p_d, q_d = p[rows, drafted], q[rows, drafted]  # (k,), q_d > 0: d was sampled from q
-        u = torch.rand(k, generator=generator, device=p.device)
-        accept = u * q_d < p_d  # u < p/q, i.e. accept with probability min(1, p/q)
-        n_acc = int(accept.long().cumprod(0).sum())
-    if n_acc < k:
-        residual = (p[n_acc] - q[n_acc]).clamp_min(0.0)
-        total = residual.sum()
-        # total == 0 only when p == q at this row, where rejection has probability 0 anyway
-        dist = residual / total if total > 0 else p[n_acc]
-    else:
-        dist = p[k]
+    n_acc = accepted_prefix(p, q, drafted, generator)
+    dist = next_token_law(p, q, n_acc, drafted.numel())
     return n_acc, int(torch.multinomial(dist, 1, generator=generator))
+
+
+def accepted_prefix(
+    p: torch.Tensor, q: torch.Tensor, drafted: torch.Tensor, generator: torch.Generator
+) -> int:
+    """How many drafts pass: d_i is kept with probability min(1, p_i(d_i)/q_i(d_i)), in order."""
+    k = drafted.numel()
+    if not k:
+        return 0
+    rows = torch.arange(k, device=p.device)
+    p_d, q_d = p[rows, drafted], q[rows, drafted]  # (k,), q_d > 0: d was sampled from q
+    u = torch.rand(k, generator=generator, device=p.device)
+    accept = u * q_d < p_d  # u < p/q, i.e. accept with probability min(1, p/q)
+    return int(accept.long().cumprod(0).sum())
+
+
+def next_token_law(p: torch.Tensor, q: torch.Tensor, n_acc: int, k: int) -> torch.Tensor:
+    """(V,) the law of the token after n_acc accepted drafts: normalize(max(0, p - q)) at a
+    rejection, p_{k+1} after a full accept."""
+    if n_acc == k:
+        return p[k]
+    residual = (p[n_acc] - q[n_acc]).clamp_min(0.0)
+    total = residual.sum()
+    # total == 0 only when p == q at this row, where rejection has probability 0 anyway
+    return residual / total if total > 0 else p[n_acc]
+
+
+def sample_with_leaf(
+    law: torch.Tensor, alt: int, leaf_p: torch.Tensor, generator: torch.Generator
+) -> list[int]:
+    """The tokens a rejection emits when a second candidate `alt` stands at that position:
+    [alt, a draw from leaf_p] with probability law(alt), else [a draw from law without alt].
+
+    Exact: the first token is law-distributed either way (alt with law(alt), any other t with
+    (1 - law(alt)) x law(t) / (1 - law(alt))), and after alt the next token is drawn from the
+    target's own distribution after the prefix + alt, which is the leaf row's `leaf_p`. The
+    candidate is the draft's choice, fixed before this draw, so it may be any token.
+    """
+    if float(torch.rand(1, generator=generator, device=law.device)) < float(law[alt]):
+        return [alt, int(torch.multinomial(leaf_p, 1, generator=generator))]
+    rest = law.clone()
+    rest[alt] = 0.0
+    if float(rest.sum()) <= 0.0:  # law is all on alt: the draw above cannot miss it
+        return [alt, int(torch.multinomial(leaf_p, 1, generator=generator))]
+    return [int(torch.multinomial(rest / rest.sum(), 1, generator=generator))]
 
 
 def argmax_ids(scores: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
@@ -141,7 +177,9 @@ def greedy_accept(target_logits: torch.Tensor, drafted: torch.Tensor) -> tuple[i
 def second_choice_leaves(runner_up: torch.Tensor, min_gain: float) -> list[tuple[int, int]]:
     """(j, token): the draft's second choice for drafted token j (0-based), wherever the
     draft's own estimate of it being emitted, reach_j x p2_j with reach_j the product of its
-    top probabilities before j, is at least `min_gain`. runner_up (k', 3) rows of top_two().
+    top probabilities before j, is at least `min_gain`. runner_up (k', 3) rows of top_two()
+    (sampling: of sampled_runner_up(), the drafted token's q for the top probability and the
+    most likely other token as the second choice).
 
     A verify row costs the target little while the forward stays memory-bound, and misses
     concentrate where the draft hesitates: there its second choice is often the target's.
@@ -204,8 +242,8 @@ class DraftContext:
     # probability (None: always k). The rule reads only the draft's own distribution, so
     # rejection sampling stays exact (tests/test_specdec.py checks the joint law).
     stop_below: float | None = None
-    # greedy: keep, per drafted token, its probability and the draft's second choice with
-    # its probability (Proposer.runner_up), for the engine's second-choice leaves
+    # keep, per drafted token, its probability and the draft's second choice with its
+    # probability (Proposer.runner_up), for the engine's second-choice leaves
     runner_up: bool = False
 
     def select(self, scores: torch.Tensor, gen: torch.Generator):
@@ -234,6 +272,14 @@ def top_two(scores: torch.Tensor) -> torch.Tensor:
     return torch.stack([probs[0], ids[1].float(), probs[1]])
 
 
+def sampled_runner_up(q: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """q (V,) the draft's law, token (1,) its draw -> (3,) as top_two(): q of the draw, the
+    most likely other token (the leaf candidate) and its q."""
+    probs, ids = q.topk(2)
+    alt = torch.where(ids[0] == token[0], 1, 0)  # the top one, unless it was drawn
+    return torch.stack([q[token[0]], ids[alt].float(), probs[alt]])
+
+
 def record_draft_forward(res: DecodeResult, seconds: float, n_tokens: int) -> None:
     """Count one draft forward; single-token ones feed the cost ratio c."""
     res.draft_forwards += 1
@@ -259,7 +305,8 @@ class Proposer(ABC):
     module: torch.nn.Module  # the draft's weights (timing scope, few-row matmuls)
     aux_layer_ids: Sequence[int] | None = None
     # (k', 3) after a propose with ctx.runner_up: per drafted token top_two() of the draft's
-    # scores there; None for a proposer that keeps none (the engine then verifies a chain)
+    # scores there (sampling: sampled_runner_up() of its q); None for a proposer that keeps
+    # none (the engine then verifies a chain)
     runner_up: torch.Tensor | None = None
 
     @abstractmethod
@@ -307,8 +354,8 @@ class CausalLMProposer(Proposer):
             if q is not None:
                 probs.append(q)
             prob = None
-            if ctx.runner_up:  # greedy: the token is the top one, its probability top_two's
-                runner_up.append(top_two(logits))
+            if ctx.runner_up:  # the token's probability, and the leaf candidate beside it
+                runner_up.append(top_two(logits) if q is None else sampled_runner_up(q, tok))
                 prob = runner_up[-1][0]
             if not ctx.keep_drafting(logits, tok[0], q, prob):
                 break
@@ -358,8 +405,8 @@ class SpeculativeDecoder:
     ):
         self.target = target
         self.stop_below = stop_below  # dynamic lookahead (DraftContext.stop_below)
-        # greedy: verify the draft's second choices as leaves where second_choice_leaves()
-        # rates them at least this (None: a chain, as transformers' assisted generation)
+        # verify the draft's second choices as leaves where second_choice_leaves() rates
+        # them at least this (None: a chain, as transformers' assisted generation)
         self.second_choice_min = second_choice_min
         self.proposer = as_proposer(draft)
         self.k = k if self.proposer is not None else 0
@@ -421,8 +468,8 @@ class SpeculativeDecoder:
     # -- one round ----------------------------------------------------------------------------
 
     def _leaves(self, k: int) -> list[tuple[int, int]]:
-        """This round's second-choice leaves (greedy, with second_choice_min, from a proposer
-        that kept its runner-up choices); none otherwise."""
+        """This round's second-choice leaves (with second_choice_min, from a proposer that
+        kept its runner-up choices); none otherwise."""
         runner_up = None if self.proposer is None else self.proposer.runner_up
         if self.second_choice_min is None or not k or runner_up is None:
             return []
@@ -444,20 +491,38 @@ class SpeculativeDecoder:
         else:
             res.target_1tok_time += dt
             res.target_1tok_n += 1
+        res.second_proposed += len(leaves)
         if self.sampling.greedy:
             n_acc, nxt = greedy_accept(logits[: k + 1], drafted)
-            res.second_proposed += len(leaves)
             for i, (j, alt) in enumerate(leaves):
                 if j == n_acc and alt == nxt:  # the top choice missed where the second hit
                     res.second_accepted += 1
                     row = k + 1 + i
                     return n_acc, [nxt, int(argmax_ids(logits[row]))], hidden, row
             return n_acc, [nxt], hidden, None
-        p = sampling_probs(logits, self.sampling)  # (k+1, V)
+        p = sampling_probs(logits, self.sampling)  # (k+1+leaves, V)
         if q is None:
             q = p.new_zeros((0, p.shape[-1]))
-        n_acc, nxt = self.verify_fn(p, q, drafted, gen)
-        return n_acc, [nxt], hidden, None
+        if not leaves:
+            n_acc, nxt = self.verify_fn(p[: k + 1], q, drafted, gen)
+            return n_acc, [nxt], hidden, None
+        return self._sample_leaves(p, q, drafted, gen, res, leaves, hidden)
+
+    def _sample_leaves(self, p, q, drafted, gen, res: DecodeResult, leaves, hidden):
+        """Rejection sampling over the chain, where the rejection's position carries a leaf:
+        its residual law decides between the leaf and the rest (sample_with_leaf)."""
+        k = drafted.numel()
+        n_acc = accepted_prefix(p, q, drafted, gen)
+        law = next_token_law(p, q, n_acc, k)
+        for i, (j, alt) in enumerate(leaves):
+            if j == n_acc:
+                row = k + 1 + i
+                tail = sample_with_leaf(law, alt, p[row], gen)
+                if len(tail) == 1:
+                    return n_acc, tail, hidden, None
+                res.second_accepted += 1
+                return n_acc, tail, hidden, row
+        return n_acc, [int(torch.multinomial(law, 1, generator=gen))], hidden, None
 
     def _emit(self, seq, drafted, n_acc: int, tail: list[int], budget: int):
         """Tokens this round adds, cut after an EOS or at the budget; and whether to stop."""
@@ -484,7 +549,7 @@ class SpeculativeDecoder:
         prop = self.proposer
         if prop is not None:
             ctx = DraftContext(self.vocab, self.sampling, self.device, self._sync, self.stop_below)
-            ctx.runner_up = self.second_choice_min is not None and self.sampling.greedy
+            ctx.runner_up = self.second_choice_min is not None
             _, res.draft_prefill_time = timed(lambda: prop.prefill(ctx, prompt, hidden), self._sync)
 
         seq = prompt  # committed tokens; the target's cache holds seq[:-1]

@@ -97,9 +97,9 @@ def draft_share(drafts: float, c: float, verify_cost: float) -> float:
 
 def free_draft_speedup(tokens_per_round: float, verify_cost: float) -> float:
     """tokens / v: the modelled speedup of the same rounds with draft steps that cost
-    nothing. No cheaper draft proposing the same tokens, and no faster decoder of this draft
-    (transformers' assisted generation, the native engine), can do better at this acceptance:
-    a round still costs its verify forward."""
+    nothing. No cheaper draft proposing the same tokens, and no decoder running the same
+    rounds faster, can do better: a round still costs its verify forward. Only more tokens
+    per round lift it (a better-aligned draft, or more candidates verified per forward)."""
     return tokens_per_round / verify_cost
 
 

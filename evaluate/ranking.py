@@ -175,7 +175,7 @@ def draft_limits(tokens: float, drafts: float, cs: list[float], vs: list[float])
     """What the draft's own cost takes from a sweep point of `tokens` per round and `drafts`
     draft steps per round, per timing repeat (c, v), medians: {"draft_share": the share of
     a round spent drafting, "modelled_speedup_free_draft": the same rounds with free draft
-    steps, the ceiling for any cheaper draft of this acceptance}."""
+    steps, the ceiling for any cheaper draft proposing the same tokens}."""
     return {
         "draft_share": metrics.quartiles(
             [metrics.draft_share(drafts, c, v) for c, v in zip(cs, vs)]

@@ -273,8 +273,8 @@ def format_limits(board: dict) -> list[str]:
     return [
         f"what limits {sweep_label(s)}: its draft steps take {s['draft_share']:.0%} of a round "
         f"(modelled {s['modelled_speedup_verify']:.2f}x); with draft steps that cost nothing "
-        f"the same acceptance would give {s['modelled_speedup_free_draft']:.2f}x, the most a "
-        "cheaper draft of this acceptance or a faster decoder of this draft can reach"
+        f"the same rounds would give {s['modelled_speedup_free_draft']:.2f}x, the most a "
+        "cheaper draft of this acceptance can reach"
     ]
 
 

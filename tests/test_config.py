@@ -93,12 +93,6 @@ def test_yaml_exponent_without_dot_is_a_float(tmp_path):
         ),
         (
             "{}",
-            ["evaluate.second_choice_min=[0.1]", "evaluate.temperature=0.7"],
-            "evaluate.second_choice_min: second-choice leaves are verified under greedy "
-            "decoding only, and evaluate.temperature is 0.7",
-        ),
-        (
-            "{}",
             ["evaluate.second_choice_min=[0.1]", "evaluate.backend=vllm"],
             "evaluate.second_choice_min: second-choice leaves are the native engine's",
         ),

@@ -633,6 +633,15 @@ def test_second_choice_leaves_are_decoded_by_the_engine_and_ranked_in_the_sweep(
     assert "k<=3 stop<0.5 2nd>=0: accept" in capsys.readouterr().out
 
 
+def test_second_choice_leaves_are_swept_under_sampling_too(run_dir):
+    run_evaluate(_cfg(run_dir, k_sweep=[1, 3], second_choice_min=[0.0], temperature=1.0))
+    board = _board(run_dir)
+    (leaves,) = [s for s in board["k_sweep"] if s.get("second_choice_min") is not None]
+    assert (leaves["k"], leaves["acceptance_measured_by"]) == (3, "engine")
+    assert leaves["lossless_match_rate"] is None  # sampled: no token-for-token check
+    assert leaves["second_choices_verified"] > 0 and leaves["modelled_speedup_verify"] is not None
+
+
 def test_stop_thresholds_are_decoded_by_the_engine_and_ranked_in_the_sweep(run_dir, capsys):
     run_evaluate(_cfg(run_dir, k_sweep=[1, 3], stop_thresholds=[0.5]))
     board = _board(run_dir)

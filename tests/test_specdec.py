@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from scipy import stats
 from transformers import LlamaForCausalLM
 
+from draftsmith.evaluate import engine
 from draftsmith.evaluate.engine import (
     SamplingConfig,
     SpeculativeDecoder,
@@ -425,13 +426,97 @@ def test_a_leaf_row_is_the_target_after_its_alternative_prefix():
         torch.testing.assert_close(got[5], after([last, 20, 21, 31]))
 
 
-def test_second_choice_leaves_are_greedy_only():
-    """Under sampling the engine verifies a chain (exact rejection sampling is for one draft
-    per position): the same seed gives the same draws and counts with or without leaves."""
-    target, draft = tiny_pair(5, noise=0.5)
-    sampling = SamplingConfig(temperature=1.0)
-    a = SpeculativeDecoder(target, draft, k=3, sampling=sampling).generate([4, 5], 16, seed=2)
-    b = SpeculativeDecoder(target, draft, k=3, sampling=sampling, second_choice_min=0.0)
-    b = b.generate([4, 5], 16, seed=2)
-    assert (a.tokens, a.accepted, a.target_forwards) == (b.tokens, b.accepted, b.target_forwards)
-    assert b.second_proposed == 0
+def _leaf_always(law, alt, leaf_p, generator):
+    """WRONG: a rejection always emits the leaf."""
+    return [alt, int(torch.multinomial(leaf_p, 1, generator=generator))]
+
+
+def _leaf_no_exclusion(law, alt, leaf_p, generator):
+    """WRONG: on a missed leaf, draws from the residual law with the leaf still in it."""
+    if float(torch.rand(1, generator=generator)) < float(law[alt]):
+        return [alt, int(torch.multinomial(leaf_p, 1, generator=generator))]
+    return [int(torch.multinomial(law, 1, generator=generator))]
+
+
+def _leaf_wrong_row(law, alt, leaf_p, generator):
+    """WRONG: after the leaf, draws the next token from the rejection's law, not the leaf row."""
+    if float(torch.rand(1, generator=generator)) < float(law[alt]):
+        return [alt, int(torch.multinomial(law, 1, generator=generator))]
+    rest = law.clone()
+    rest[alt] = 0.0
+    return [int(torch.multinomial(rest / rest.sum(), 1, generator=generator))]
+
+
+def _scaled_pair(target_scale: float, draft_scale: float):
+    """vocab 8: a draft that is the target with its head scaled apart from the target's:
+    the same token order, a flatter or a sharper law."""
+    target, draft = tiny_pair(3, vocab=8, noise=0.0, layers=1)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(target_scale)
+        draft.lm_head.weight.mul_(draft_scale)
+    return target, draft
+
+
+# (target head scale, draft head scale, sampling, the wrong leaf rule this pair exposes)
+LEAF_LAW_CASES = [
+    # a flat draft: rejections fall on its odd draws, the residual on the target's top token,
+    # the leaf it names: leaves are emitted often, so drawing their successor wrong shows
+    (6.0, 0.5, SamplingConfig(temperature=1.0), "_leaf_wrong_row"),
+    (6.0, 0.5, SamplingConfig(temperature=0.8, top_k=5, top_p=0.9), None),
+    # a sharp draft: its second choice is over-weighted too, the residual there often 0, so
+    # a rule that always emits the leaf shows
+    (2.0, 6.0, SamplingConfig(temperature=1.0), "_leaf_always"),
+]
+
+
+@pytest.mark.parametrize("target_scale,draft_scale,sampling,wrong", LEAF_LAW_CASES)
+def test_second_choice_leaves_under_sampling_keep_the_target_joint_distribution(
+    target_scale, draft_scale, sampling, wrong, monkeypatch
+):
+    """A leaf beside every drafted token (min gain 0) under sampling: the same chi-square test
+    of the first two tokens' joint law as the chain (k=2, so a leaf at either depth feeds
+    them); a wrong leaf rule must fail it."""
+    target, draft = _scaled_pair(target_scale, draft_scale)
+    prompt = [1, 5, 3]
+    expected = _exact_joint(target, prompt, sampling)
+    dec = SpeculativeDecoder(target, draft, k=2, sampling=sampling, second_choice_min=0.0)
+    assert joint_pvalue(dec, prompt, expected) > ALPHA
+    if target_scale > draft_scale:  # the leaf path carries real weight in the law tested
+        assert sum(dec.generate(prompt, 3, seed=s).second_accepted for s in range(200)) > 20
+    if wrong is not None:
+        monkeypatch.setattr(engine, "sample_with_leaf", globals()[wrong])
+        assert joint_pvalue(dec, prompt, expected) < ALPHA, wrong
+
+
+@pytest.mark.parametrize(
+    "rule,right",
+    [
+        (engine.sample_with_leaf, True),
+        (_leaf_always, False),
+        (_leaf_no_exclusion, False),
+        (_leaf_wrong_row, False),
+    ],
+)
+def test_sample_with_leaf_closed_form(rule, right):
+    """The first token's law is `law` itself and the leaf's successor comes from the leaf
+    row; each wrong rule breaks one of the two."""
+    gen = torch.Generator().manual_seed(0)
+    law = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    leaf_p = torch.tensor([0.0, 0.0, 0.0, 1.0])
+    n = 4000
+    firsts, after_leaf = {}, set()
+    for _ in range(n):
+        out = rule(law, 1, leaf_p, gen)
+        firsts[out[0]] = firsts.get(out[0], 0) + 1
+        after_leaf |= set(out[1:])
+    law_ok = _chi_square_p(firsts, {i: float(v) for i, v in enumerate(law)}, n) > ALPHA
+    assert (law_ok and after_leaf == {3}) == right
+    if right:  # a law all on the leaf always emits it; a leaf of law 0 never
+        assert rule(torch.tensor([0.0, 1.0]), 1, torch.tensor([0.5, 0.5]), gen)[0] == 1
+        assert all(rule(law, 3, leaf_p, gen)[0] != 3 for _ in range(200))
+
+
+def test_sampled_runner_up_names_the_likeliest_other_token():
+    q = torch.tensor([0.1, 0.6, 0.3])
+    assert engine.sampled_runner_up(q, torch.tensor([1])).tolist() == pytest.approx([0.6, 2, 0.3])
+    assert engine.sampled_runner_up(q, torch.tensor([0])).tolist() == pytest.approx([0.1, 1, 0.6])
