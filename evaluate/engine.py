@@ -181,8 +181,9 @@ def second_choice_leaves(runner_up: torch.Tensor, min_gain: float) -> list[tuple
     (sampling: of sampled_runner_up(), the drafted token's q for the top probability and the
     most likely other token as the second choice).
 
-    A verify row costs the target little while the forward stays memory-bound, and misses
-    concentrate where the draft hesitates: there its second choice is often the target's.
+    A verify row costs the target little (the 1.5B's bf16 forward measured 219 ms over 2 rows,
+    263 over 6, here), and misses concentrate where the draft hesitates: there its second
+    choice is often the target's.
     """
     leaves, reach = [], 1.0
     for j, (p1, alt, p2) in enumerate(runner_up.tolist()):
@@ -412,6 +413,8 @@ class SpeculativeDecoder:
         self.k = k if self.proposer is not None else 0
         self.sampling = sampling or SamplingConfig()
         self.eos_ids = set(eos_ids)
+        # the chain's rule (tests inject wrong ones); a sampled round with leaves runs
+        # accepted_prefix and sample_with_leaf instead (_sample_leaves)
         self.verify_fn = verify_fn or rejection_sample
         # on a CPU a verify pass (k+1 rows) through F.linear can cost far more than a
         # one-token forward; as W @ x^T it costs about one (fast_linear.py). Only this
