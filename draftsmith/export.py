@@ -228,13 +228,18 @@ def _category_ks(board: dict) -> str:
     lines = format_category_ks(board)
     if not lines:
         return ""
-    return "\n" + lines[0][0].upper() + lines[0][1:] + "\n```\n" + "\n".join(lines[1:]) + "\n```\n"
+    return "\n" + _capitalized(lines[0]) + "\n```\n" + "\n".join(lines[1:]) + "\n```\n"
 
 
 def _limits(board: dict, k: int) -> str:
     """What the draft's own cost takes from the best sweep point, as a sentence."""
     lines = format_limits({**board, "recommended_k": k})
-    return "\n" + lines[0][0].upper() + lines[0][1:] + ".\n" if lines else ""
+    return "\n" + _capitalized(lines[0]) + ".\n" if lines else ""
+
+
+def _capitalized(line: str) -> str:
+    """A report line as the card's sentence: its first letter upper case, the rest as is."""
+    return line[:1].upper() + line[1:]
 
 
 def _init(meta: dict | None, row: LeaderboardRow) -> str:

@@ -146,11 +146,10 @@ def sample_with_leaf(
     target's own distribution after the prefix + alt, which is the leaf row's `leaf_p`. The
     candidate is the draft's choice, fixed before this draw, so it may be any token.
     """
-    if float(torch.rand(1, generator=generator, device=law.device)) < float(law[alt]):
-        return [alt, int(torch.multinomial(leaf_p, 1, generator=generator))]
     rest = law.clone()
     rest[alt] = 0.0
-    if float(rest.sum()) <= 0.0:  # law is all on alt: the draw above cannot miss it
+    hit = float(torch.rand(1, generator=generator, device=law.device)) < float(law[alt])
+    if hit or float(rest.sum()) <= 0.0:  # all of law on alt: the draw cannot miss it
         return [alt, int(torch.multinomial(leaf_p, 1, generator=generator))]
     return [int(torch.multinomial(rest / rest.sum(), 1, generator=generator))]
 

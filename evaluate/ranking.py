@@ -224,9 +224,10 @@ def dynamic_sweep_entry(row: LeaderboardRow, costs: dict | None) -> dict:
     The fixed-k model assumes k drafts per round; here a round drafts d = proposed / rounds
     on average, so the cost of a round is d c + v, v taken at the smallest swept width that
     holds d drafts and the round's l second-choice leaves (an overestimate: v grows with
-    width; past the widest swept, the widest, an underestimate), and the gain is the measured tokens per target forward: modelled =
-    tokens_per_forward / (d c + v), per timing repeat. Points with leaves
-    (`second_choice_min`) are this same model: the leaves cost verify rows, no draft steps.
+    width; past the widest swept, the widest, an underestimate), and the gain is the
+    measured tokens per target forward: modelled = tokens_per_forward / (d c + v), per
+    timing repeat. Points with leaves (`second_choice_min`) are this same model: the leaves
+    cost verify rows, no draft steps.
     """
     leaves = row.second_choices or {}
     entry = {
