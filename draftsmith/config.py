@@ -294,9 +294,9 @@ class EvaluateConfig:
     baselines: list[str] = field(default_factory=list)  # extra drafts: model refs or dirs
     select_metric: Literal["acceptance_rate", "mean_accepted_length", "speedup"] = "acceptance_rate"
     on_mismatch: Literal["error", "warn"] = "error"  # greedy losslessness failures
-    # CPU: few-row matmuls (verify passes) as W @ x^T instead of F.linear
-    # (draftsmith/fast_linear.py). auto: time both on the target, per forward width, once per
-    # run and machine (evaluate/timing.py choose_few_rows); true/false: always/never.
+    # CPU: the linear layers' form per forward width (draftsmith/fast_linear.py). auto: time
+    # F.linear, W @ x^T and (bf16) packed weights on the target, per width, once per run and
+    # machine (evaluate/timing.py choose_linear_forms); true/false: W @ x^T always/never.
     cpu_few_row_linear: bool | Literal["auto"] = "auto"
     # Native engine on CPU: decode the draft with its weights rounded to int8 (per output row)
     # or int4 (per group of 32 inputs), activations bf16 (draftsmith/quant_draft.py). The

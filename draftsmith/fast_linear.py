@@ -1,4 +1,4 @@
-"""Few-row linear layers on CPU: compute x @ W^T as (W @ x^T)^T.
+"""Few-row linear layers on CPU: x @ W^T as (W @ x^T)^T, or on a weight packed once.
 
 Decoding multiplies every weight matrix by a handful of rows: the k+1 tokens of a verify
 pass, the two tokens a draft round may start with, one row per sequence of a decode batch.
@@ -6,8 +6,8 @@ torch's F.linear hands BLAS the "x times W transposed" product, and for 2 to 64 
 CPU BLAS behind torch can run it well below memory speed; the same product written as W
 times x transposed can stream the weights once. Which form is faster depends on the CPU,
 its BLAS and the dtype, even between machines of one kind (the README's per-q cost tables
-have the measurements). So the form is chosen per forward width by timing both on the
-target (evaluate/timing.py choose_few_rows, what evaluate.cpu_few_row_linear=auto does);
+have the measurements). So the form is chosen per forward width by timing the forms on the
+target (evaluate/timing.py choose_linear_forms, what evaluate.cpu_few_row_linear=auto does);
 `scripts/bench_linear.py` and `scripts/bench_costs.py` measure them side by side on the
 machine at hand.
 
@@ -22,6 +22,15 @@ baseline slower than it has to be. GPUs and large batches keep F.linear. Results
 F.linear's up to float rounding (a different summation order), which the greedy lossless
 check covers like any kernel difference.
 
+A third form keeps F.linear's arithmetic and drops a cost it pays on every call: for bf16
+weights torch hands the product to oneDNN, which first reorders the weight into its blocked
+layout, a full pass over the weight's bytes each time. The packed form reorders each weight
+once (`packed_weight`, cached per layer) and calls oneDNN's linear on the packed copy
+(2026-12-07, the EPYC: the bf16 1.5B's forward over 1/5/8 tokens 1.29/1.53/1.49x faster,
+logits bit-identical to F.linear's). It costs a second copy of each packed weight in memory
+(3.1 GB for the 1.5B), freed by `drop_packed`; it is chosen per width by timing like the
+others, and only bf16 weights on CPU take it.
+
 Scope: `cpu_few_row_linear(*models)` changes only the nn.Linear modules of the models it
 is given (an instance-level forward, removed on exit); torch.nn.Linear itself and every
 other model in the process keep F.linear, inside the block too.
@@ -29,7 +38,8 @@ other model in the process keep F.linear, inside the block too.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import MethodType
 
@@ -37,6 +47,11 @@ import torch
 import torch.nn.functional as F
 
 MAX_ROWS = 64  # the widest few-row forward the W @ x^T form is ever considered for
+F_LINEAR, FEW_ROW, PACKED = "F.linear", "W@x^T", "packed"
+FORMS = (F_LINEAR, FEW_ROW, PACKED)
+
+# layer -> ((weight's data_ptr, version, shape), its packed copy): packed_weight's cache
+_PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
@@ -60,31 +75,87 @@ def padded_one_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def _forward_for(rows_set):
-    """An nn.Linear forward that takes the W @ x^T form for these row counts on CPU."""
+def packable(weight: torch.Tensor) -> bool:
+    """Whether `weight` can take the prepacked form: a bf16 weight on CPU, with torch's oneDNN
+    linear available (the op inductor's CPU freezing pass uses)."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.bfloat16
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
+def packed_weight(layer: torch.nn.Linear) -> torch.Tensor | None:
+    """The layer's weight reordered once into oneDNN's blocked layout (cached per layer and
+    remade when the weight changes), or None where it cannot be (not packable, or a weight
+    being trained: the packed op has no backward)."""
+    w = layer.weight
+    if not packable(w) or (w.requires_grad and torch.is_grad_enabled()):
+        return None
+    # an inference tensor (made under inference_mode) keeps no version counter
+    stamp = (w.data_ptr(), None if w.is_inference() else w._version, tuple(w.shape))
+    hit = _PACKED.get(layer)
+    if hit is None or hit[0] != stamp:
+        # the batch-size hint only tunes the layout: 1 measured as good as 5 or 16 for 1-8 rows
+        hit = (stamp, torch.ops.mkldnn._reorder_linear_weight(w.detach(), 1))
+        _PACKED[layer] = hit
+    return hit[1]
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None):
+    """F.linear(x, weight, bias) with the weight as packed_weight made it."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def drop_packed(*models) -> None:
+    """Free the packed copies of `models`' layers (a bf16 1.5B's are 3.1 GB)."""
+    for model in models:
+        for m in [] if model is None else model.modules():
+            _PACKED.pop(m, None)
+
+
+def _forward_for(forms):
+    """An nn.Linear forward that takes, on CPU, the form `forms` names for each input's row
+    count (F.linear for row counts it does not name)."""
 
     def forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        if x.device.type != "cpu" or rows not in rows_set:
-            return F.linear(x, self.weight, self.bias)
-        if rows == 1:
-            return padded_one_row_linear(x, self.weight, self.bias)
-        return few_row_linear(x, self.weight, self.bias)
+        form = forms.get(rows, F_LINEAR) if x.device.type == "cpu" else F_LINEAR
+        if form == FEW_ROW:
+            if rows == 1:
+                return padded_one_row_linear(x, self.weight, self.bias)
+            return few_row_linear(x, self.weight, self.bias)
+        if form == PACKED and (packed := packed_weight(self)) is not None:
+            return packed_linear(x, packed, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
     return forward
 
 
-class RowSwitch(set):
-    """A mutable set of row counts, read by the patched forwards at every call: a benchmark
-    flips one form on and off without patching again (evaluate/timing.py choose_few_rows)."""
+class FormSwitch(dict):
+    """A mutable {row count: form}, read by the patched forwards at every call: a benchmark
+    switches forms without patching again (evaluate/timing.py choose_linear_forms)."""
 
 
-def few_row_counts(enabled) -> frozenset[int] | RowSwitch:
-    """The row counts the W @ x^T form is used for: True = 2..MAX_ROWS, False/None = none,
-    or an explicit collection (a per-machine choice: timing.choose_few_rows), where 1 means
-    the padded one-row form."""
-    if isinstance(enabled, RowSwitch):
+def linear_forms(enabled) -> dict[int, str]:
+    """{row count: form} from `enabled`: a mapping (a per-machine choice,
+    timing.choose_linear_forms; JSON's string keys accepted), a FormSwitch (itself), or the
+    W @ x^T widths few_row_counts reads (True, False/None, a collection)."""
+    if isinstance(enabled, FormSwitch):
         return enabled
+    if isinstance(enabled, Mapping):
+        forms = {int(rows): form for rows, form in enabled.items()}
+        unknown = sorted(set(forms.values()) - set(FORMS))
+        if unknown:
+            raise ValueError(f"unknown linear form(s) {unknown}; expected one of {FORMS}")
+        return forms
+    return {rows: FEW_ROW for rows in few_row_counts(enabled)}
+
+
+def few_row_counts(enabled) -> frozenset[int]:
+    """The row counts the W @ x^T form is used for: True = 2..MAX_ROWS, False/None = none,
+    or an explicit collection, where 1 means the padded one-row form."""
     if enabled is True:
         return frozenset(range(2, MAX_ROWS + 1))
     if not enabled:
@@ -110,12 +181,13 @@ def _linears(models) -> list[torch.nn.Linear]:
 
 @contextmanager
 def cpu_few_row_linear(*models, enabled=True) -> Iterator[None]:
-    """Inside the block the nn.Linear layers of `models` use few_row_linear for the row
-    counts `enabled` names (few_row_counts: True = 2..MAX_ROWS) on CPU; nothing else
-    changes, and everything is restored on exit (errors too)."""
-    rows = few_row_counts(enabled)
-    patched = _linears(models) if rows or isinstance(rows, RowSwitch) else []
-    forward = _forward_for(rows)
+    """Inside the block the nn.Linear layers of `models` take, on CPU, the form `enabled`
+    names for each row count (linear_forms: {rows: form}, or True = W @ x^T at 2..MAX_ROWS);
+    nothing else changes, and everything is restored on exit (errors too). Packed copies
+    stay cached after the block (drop_packed frees them)."""
+    forms = linear_forms(enabled)
+    patched = _linears(models) if forms or isinstance(forms, FormSwitch) else []
+    forward = _forward_for(forms)
     for m in patched:
         m.forward = MethodType(forward, m)
     try:

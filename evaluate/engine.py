@@ -398,7 +398,7 @@ class SpeculativeDecoder:
         sampling: SamplingConfig | None = None,
         eos_ids: Iterable[int] = (),
         verify_fn: VerifyFn | None = None,
-        few_row_linear: bool = True,
+        linear_forms=True,
         num_ids: int | None = None,
         stop_below: float | None = None,
         second_choice_min: float | None = None,
@@ -416,9 +416,10 @@ class SpeculativeDecoder:
         # accepted_prefix and sample_with_leaf instead (_sample_leaves)
         self.verify_fn = verify_fn or rejection_sample
         # on a CPU a verify pass (k+1 rows) through F.linear can cost far more than a
-        # one-token forward; as W @ x^T it costs about one (fast_linear.py). Only this
-        # decoder's target and draft are switched, one-row forwards are unaffected.
-        self.few_row_linear = few_row_linear
+        # one-token forward; as W @ x^T, or on packed weights, it may cost about one
+        # (fast_linear.py): {width: form}, or True/False/widths for W @ x^T. Only this
+        # decoder's target and draft are switched.
+        self.linear_forms = linear_forms
         self.device = next(target.parameters()).device
         self._sync = self.device if self.device.type == "cuda" else None
         self._target_kw = cache_kwarg(target)
@@ -537,7 +538,7 @@ class SpeculativeDecoder:
     # -- the loop -----------------------------------------------------------------------------
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, seed: int = 0) -> DecodeResult:
-        scope = cpu_few_row_linear(self.target, self.draft, enabled=self.few_row_linear)
+        scope = cpu_few_row_linear(self.target, self.draft, enabled=self.linear_forms)
         with torch.inference_mode(), scope:
             return self._generate(prompt_ids, max_new_tokens, seed)
 

@@ -6,7 +6,7 @@ results into leaderboard rows). Cache files live in <out>/eval/results/:
 `target-only-<set>-<settings>.json`, `<draft>-<set>-tf.json` (the teacher-forced pass;
 `-tf-k<k>.json` for a kind whose pass depends on k), `<draft>-<set>-k<k>[-stop<t>]-t<temperature>.json`
 (the engine), `costs-<draft>-<settings>.json` (the timing), `kernels-<settings>.json` (the
-few-row matmul choice) and `turn1-answers-<set>-<settings>.json`, each holding the settings
+linear layers' form per forward width) and `turn1-answers-<set>-<settings>.json`, each holding the settings
 they were measured under; a file whose settings differ (other prompts, max_new_tokens,
 target, a rewritten checkpoint) is measured again. Models are identified by content
 (models.model_fingerprint), so a copied run dir reuses its results. Writes are atomic, so a
@@ -36,7 +36,7 @@ from draftsmith.evaluate.ranking import (
     target_tie_gap,
 )
 from draftsmith.evaluate.records import DraftEntry
-from draftsmith.fast_linear import few_row_counts
+from draftsmith.fast_linear import FEW_ROW, FORMS, few_row_counts
 from draftsmith.io import atomic_write_json, kill_hook
 from draftsmith.kinds import kind_of
 from draftsmith.models import (
@@ -82,6 +82,7 @@ def run_settings(cfg: Config, prompts: list[dict], target_path: str) -> dict:
         "device": cfg.run.device,
         "dtype": cfg.target.dtype,
         "cpu_few_row_linear": ev.cpu_few_row_linear,  # changes timings, not tokens
+        "linear_forms": list(FORMS),  # the forms it picks from (timings made without one differ)
         # the machine: every timing is its own, and bf16 kernels may round ties otherwise; a
         # run dir moved to another CPU is measured again rather than mixing two machines
         "hardware": hardware(),
@@ -227,7 +228,7 @@ class NativeEvaluator:
         self.sampling = sampling_of(cfg)
         self._draft_cache: dict[str, object] = {}
         self._passes: dict[tuple, list[dict]] = {}
-        self.kernels: dict | None = None  # evaluate.cpu_few_row_linear's choice (few_rows)
+        self.kernels: dict | None = None  # evaluate.cpu_few_row_linear's choice (forms)
         # evaluate.draft_weights: per draft, quantize_draft's choice
         self.quant: dict[str, dict] = {}
 
@@ -262,24 +263,25 @@ class NativeEvaluator:
             k=k,
             sampling=self.sampling,
             eos_ids=self._eos(),
-            few_row_linear=self.few_rows(),  # target-only too: the baseline at its fastest
+            linear_forms=self.linear_forms(),  # target-only too: the baseline at its fastest
             num_ids=token_id_count(self.models.tokenizer()),
             stop_below=stop_below,
             second_choice_min=second_min,
         )
 
-    def few_rows(self) -> list[int]:
-        """The forward widths whose matmuls take the W @ x^T form (evaluate.cpu_few_row_linear;
-        auto: timed against F.linear on the target once per run and machine, cached)."""
+    def linear_forms(self) -> dict[str, str]:
+        """{forward width: form of its linear layers} (evaluate.cpu_few_row_linear; auto: each
+        form timed against F.linear on the target once per run and machine, cached)."""
         if self.kernels is None:
             self.kernels = self._kernels()
-        return self.kernels["few_rows"]
+        return self.kernels["forms"]
 
     def _kernels(self) -> dict:
         ev, device = self.cfg.evaluate, self.models.device
         if ev.cpu_few_row_linear != "auto" or device.type != "cpu":
-            rows = sorted(few_row_counts(ev.cpu_few_row_linear and device.type == "cpu"))
-            return {"few_rows": rows, "by": "config" if device.type == "cpu" else "device"}
+            rows = few_row_counts(ev.cpu_few_row_linear and device.type == "cpu")
+            forms = {str(w): FEW_ROW for w in sorted(rows)}
+            return {"forms": forms, "by": "config" if device.type == "cpu" else "device"}
         widths = list(range(1, max([*ev.k_sweep, ev.num_speculative_tokens]) + 2))
         settings = {
             "target": fingerprint(self.target_path),
@@ -287,6 +289,7 @@ class NativeEvaluator:
             "device": self.cfg.run.device,
             "hardware": hardware(),
             "widths": widths,
+            "forms_timed": list(FORMS),
         }
         path = self.dir / f"kernels-{settings_key(settings)}.json"
 
@@ -295,12 +298,13 @@ class NativeEvaluator:
             vocab = token_id_count(self.models.tokenizer())
             context = [t % vocab for t in range(1000, 1128)]
             repeats = max(5, ev.cost_repeats // 3)
-            return {**timing.choose_few_rows(self.models.target(), context, widths, repeats)}
+            return timing.choose_linear_forms(self.models.target(), context, widths, repeats)
 
         data = self._cached(path, settings, make)
+        chosen = ", ".join(f"{w}: {form}" for w, form in data["forms"].items())
         print(
-            f"[evaluate] few-row matmuls (W @ x^T) measured faster at widths "
-            f"{data['few_rows'] or 'none'} of {widths}; F.linear elsewhere"
+            f"[evaluate] linear layers by forward width (timed faster than F.linear): "
+            f"{chosen or 'none'} of widths {widths}; F.linear elsewhere"
         )
         return {**data, "by": "measured"}
 
@@ -533,9 +537,9 @@ class NativeEvaluator:
             model = self.draft_model(draft)
             step = kind_of(draft).replay().draft_step(model, self.models.target, context, output[0])
             target = self.models.target()
-            few = self.few_rows()
+            forms = self.linear_forms()
             return timing.measure_costs(
-                target, step, context, output, settings["ks"], ev.cost_repeats, few, draft=model
+                target, step, context, output, settings["ks"], ev.cost_repeats, forms, draft=model
             )
 
         return self._cached(path, settings, make)

@@ -159,7 +159,7 @@ def run_evaluate(cfg: Config) -> None:
         "k_by_category": recommend_k_by_category(sweep),
         "k_sweep": sweep,
         "costs": out["costs"],
-        "kernels": out.get("kernels"),  # which few-row matmul form the engine used, and why
+        "kernels": out.get("kernels"),  # the linear layers' form per width the engine used, and why
         # drafts decoded with rounded weights (as_loaded | int8 | int4)
         "draft_weights": ev.draft_weights if ev.backend == "native" else "as_loaded",
         # per draft loaded by this run: its rounded layers and the input widths timed faster

@@ -26,7 +26,15 @@ import torch
 
 from draftsmith.decode_step import decode_logits
 from draftsmith.evaluate.metrics import quartiles
-from draftsmith.fast_linear import RowSwitch, cpu_few_row_linear
+from draftsmith.fast_linear import (
+    F_LINEAR,
+    FEW_ROW,
+    PACKED,
+    FormSwitch,
+    cpu_few_row_linear,
+    drop_packed,
+    packable,
+)
 from draftsmith.kv_cache import cache_kwarg, crop_cache, new_cache
 
 # (run, reset): `run` is timed, `reset` (crop the cache back) is not
@@ -124,13 +132,14 @@ def measure_costs(
     continuation: Sequence[int],
     ks: Sequence[int],
     repeats: int,
-    few_row_linear: bool = True,
+    linear_forms=True,
     draft=None,
 ) -> dict:
     """c and v_k of `target` and one draft step on `context`, R interleaved repeats.
 
     continuation: the tokens fed after the context, repeated to max(ks) + 1 if short (their
-    values do not change the cost). `draft`: the draft module, only so that fast_linear
+    values do not change the cost). linear_forms: the engine's {width: form} of the linear
+    layers (fast_linear.linear_forms). `draft`: the draft module, only so that fast_linear
     covers it as the engine does.
     """
     need = max(ks) + 1
@@ -142,7 +151,7 @@ def measure_costs(
     }
     device = next(target.parameters()).device
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    with cpu_few_row_linear(target, draft, enabled=few_row_linear):
+    with cpu_few_row_linear(target, draft, enabled=linear_forms):
         times = interleaved(steps, repeats, sync=sync)
     return {"context_tokens": len(context), **cost_ratios(times, ks)}
 
@@ -151,36 +160,47 @@ def measure_costs(
 
 
 @torch.inference_mode()
-def choose_few_rows(
+def choose_linear_forms(
     model, context: Sequence[int], widths: Sequence[int], repeats: int, margin: float = 0.03
 ) -> dict:
-    """Which form of the few-row matmul a forward over w tokens should take on this machine,
-    for each width w (a verify pass is k + 1 wide; w = 1, a decode step, against the padded
-    one-row form), by timing it.
+    """Which form of the linear layers a forward over w tokens should take on this machine,
+    for each width w (a verify pass is k + 1 wide, a decode step 1), by timing them.
 
-    The same cached forward runs through F.linear and through the W @ x^T form
-    (draftsmith/fast_linear.py), interleaved and repeated like the cost timing; W @ x^T is
-    chosen where its median is lower by more than `margin`. Which one wins depends on the
-    CPU, the BLAS and the dtype (draftsmith/fast_linear.py): measured, not assumed.
-    Returns {"few_rows": [w, ...], "ms": {w: {"F.linear": ms, "W@x^T": ms}}, "repeats"}.
+    The same cached forward runs through each form (draftsmith/fast_linear.py): F.linear,
+    W @ x^T (one row padded to two at w = 1) and, where the model's weights can be packed
+    (bf16 on CPU), F.linear's oneDNN kernel on weights packed once; interleaved and repeated
+    like the cost timing. Another form is chosen over F.linear only where its median is
+    lower by more than `margin`, the fastest of them where several are. Which one wins
+    depends on the CPU, the BLAS and the dtype: measured, not assumed. Where no width takes
+    the packed form, its copies are freed.
+    Returns {"forms": {w: form}, "ms": {w: {form: ms}}, "repeats"} (w as strings, as in JSON).
     """
     widths = sorted({int(w) for w in widths if w >= 1})
-    switch = RowSwitch()
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    forms = [F_LINEAR, FEW_ROW] + ([PACKED] if any(packable(m.weight) for m in linears) else [])
+    switch = FormSwitch()
     feed = (list(context[-1:]) * max(widths, default=1))[: max(widths, default=1)]
     steps: dict[str, Step] = {}
     for w in widths:
         run, reset = cached_forward(model, context, feed[:w])
-        steps[f"F.linear_{w}"] = (lambda run=run: (switch.clear(), run()), reset)
-        steps[f"W@x^T_{w}"] = (lambda run=run, w=w: (switch.clear(), switch.add(w), run()), reset)
+        for form in forms:
+
+            def timed_run(run=run, w=w, form=form):
+                switch.clear()
+                switch[w] = form
+                run()
+
+            steps[f"{form}_{w}"] = (timed_run, reset)
     times = {}
     if steps:
         with cpu_few_row_linear(model, enabled=switch):
             times = interleaved(steps, repeats)
-    ms, chosen = {}, []
+    ms, chosen = {}, {}
     for w in widths:
-        plain = 1e3 * quartiles(times[f"F.linear_{w}"])[1]
-        few = 1e3 * quartiles(times[f"W@x^T_{w}"])[1]
-        ms[str(w)] = {"F.linear": plain, "W@x^T": few}
-        if few < plain * (1 - margin):
-            chosen.append(w)
-    return {"few_rows": chosen, "ms": ms, "repeats": repeats}
+        ms[str(w)] = {form: 1e3 * quartiles(times[f"{form}_{w}"])[1] for form in forms}
+        best = min(forms, key=lambda form: ms[str(w)][form])
+        if ms[str(w)][best] < ms[str(w)][F_LINEAR] * (1 - margin):
+            chosen[str(w)] = best
+    if PACKED not in chosen.values():
+        drop_packed(model)
+    return {"forms": chosen, "ms": ms, "repeats": repeats}

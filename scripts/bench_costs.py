@@ -1,4 +1,4 @@
-"""Per-width forward costs of a target and its draft, in fp32 and bf16, with both matmul forms.
+"""Per-width forward costs of a target and its draft, in fp32 and bf16, in each linear form.
 
     flock /tmp/draftsmith-bench.lock python scripts/bench_costs.py \
         --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \
@@ -6,8 +6,8 @@
 
 What speculative decoding costs on the machine at hand: a cached forward over q tokens
 (q = 1 is a decode step or a draft step, q = k + 1 a verify pass) on a --context-token KV
-cache, for each model, dtype (fp32, bf16) and matmul form (F.linear, and the W @ x^T form of
-draftsmith/fast_linear.py for q > 1). Each model and dtype is loaded once; its steps are
+cache, for each model, dtype (fp32, bf16) and form of the linear layers
+(draftsmith/fast_linear.py: F.linear; W @ x^T for q > 1; packed weights, bf16 only). Each model and dtype is loaded once; its steps are
 timed interleaved (evaluate/timing.py: every repeat runs every step once, the order rotated)
 and reported as medians, with each width's cost over the same dtype's 1-token forward (v)
 and the draft's 1-token forward over the target's in each dtype pairing (c). Whether bf16
@@ -24,7 +24,7 @@ import torch
 
 from draftsmith.evaluate.metrics import quartiles
 from draftsmith.evaluate.timing import Step, cached_forward, interleaved
-from draftsmith.fast_linear import RowSwitch, cpu_few_row_linear
+from draftsmith.fast_linear import F_LINEAR, FEW_ROW, PACKED, FormSwitch, cpu_few_row_linear
 from draftsmith.models import load_model
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -35,16 +35,19 @@ def model_costs(ref: str, dtype: torch.dtype, widths: list[int], ctx: int, repea
     model = load_model(ref, device=torch.device("cpu"), dtype=dtype)
     vocab = model.config.get_text_config().vocab_size
     context = [t % vocab for t in range(1000, 1000 + ctx)]
-    switch = RowSwitch()
+    switch = FormSwitch()
+    forms = [F_LINEAR, FEW_ROW] + ([PACKED] if dtype == torch.bfloat16 else [])
     steps: dict[str, Step] = {}
     for q in widths:
         run, reset = cached_forward(model, context, context[:q])
-        steps[f"F.linear {q}"] = (lambda run=run: (switch.clear(), run()), reset)
-        if q > 1:
-            steps[f"W@x^T {q}"] = (
-                lambda run=run, q=q: (switch.clear(), switch.add(q), run()),
-                reset,
-            )
+        for form in forms if q > 1 else [f for f in forms if f != FEW_ROW]:
+
+            def timed_run(run=run, q=q, form=form):
+                switch.clear()
+                switch[q] = form
+                run()
+
+            steps[f"{form} {q}"] = (timed_run, reset)
     with torch.inference_mode(), cpu_few_row_linear(model, enabled=switch):
         times = interleaved(steps, repeats)
     del model
@@ -71,19 +74,20 @@ def main() -> None:
     header = "model   dtype form      " + "".join(f"{'q=' + str(q):>9}" for q in args.widths)
     print(header)
     for (role, dname), table in ms.items():
-        for form in ("F.linear", "W@x^T"):
+        for form in (F_LINEAR, FEW_ROW, PACKED):
             cells = [table.get((form, str(q))) for q in args.widths]
             row = "".join(f"{c:9.1f}" if c is not None else f"{'-':>9}" for c in cells)
             print(f"{role:7s} {dname:5s} {form:9s} {row}")
     print("\nverify cost v (best form at q / the same dtype's 1-token forward):")
     for (role, dname), table in ms.items():
-        one = table["F.linear", "1"]
+        one = min(v for (f, q), v in table.items() if q == "1")
         best = [min(v for (f, q), v in table.items() if q == str(w)) / one for w in args.widths]
         print(f"  {role:7s} {dname:5s} " + " ".join(f"{v:5.2f}" for v in best))
-    print("\ndraft cost c (1-token draft / 1-token target):")
+    print("\ndraft cost c (1-token draft / 1-token target, each in its best form):")
+    one = {r: min(v for (f, q), v in ms[r].items() if q == "1") for r in ms}
     for t in DTYPES:
         for d in DTYPES:
-            c = ms["draft", d]["F.linear", "1"] / ms["target", t]["F.linear", "1"]
+            c = one["draft", d] / one["target", t]
             print(f"  target {t}, draft {d}: c = {c:.3f}")
 
 

@@ -10,7 +10,7 @@ timing chose), its 1-token cached forward on a --context-token KV cache timed in
 with the others and with the target's own 1-token step (evaluate/timing.py: every repeat
 runs every step once, the order rotated; medians), reported as milliseconds, as each form's
 speed over the as-loaded draft, and as c, the draft step over the target step. The target
-takes the one-row form the evaluate stage would time faster (timing.choose_few_rows at
+takes the one-row form the evaluate stage would time fastest (timing.choose_linear_forms at
 width 1), so c is over the target at its fastest, as the stage's baseline is; the
 as-loaded draft takes the same form, as in the engine.
 Acceptance is not here: `scripts/estimate_acceptance.py RUN CKPT --draft-weights int8 int4`
@@ -28,7 +28,7 @@ from draftsmith.evaluate.metrics import quartiles
 from draftsmith.evaluate.timing import (
     cached_forward,
     causal_lm_draft_step,
-    choose_few_rows,
+    choose_linear_forms,
     interleaved,
 )
 from draftsmith.fast_linear import cpu_few_row_linear
@@ -52,7 +52,7 @@ def main() -> None:
     target = load_model(args.target, device=cpu, dtype=dtype, key="--target")
     vocab = target.config.get_text_config().vocab_size
     context = [t % vocab for t in range(1000, 1000 + args.context)]
-    few_rows = choose_few_rows(target, context, [1], repeats=5)["few_rows"]
+    forms = choose_linear_forms(target, context, [1], repeats=5)["forms"]
     drafts = {"as_loaded": load_model(args.draft, device=cpu, dtype=dtype, key="--draft")}
     for weights in FORMS[1:]:
         drafts[weights] = copy.deepcopy(drafts["as_loaded"])
@@ -64,11 +64,11 @@ def main() -> None:
     steps |= {f"draft {w}": causal_lm_draft_step(d, context, context[0]) for w, d in drafts.items()}
     # the as-loaded draft takes the target's one-row choice, as in the engine (the rounded
     # drafts' layers are not nn.Linear: their own kernels)
-    with torch.inference_mode(), cpu_few_row_linear(target, drafts["as_loaded"], enabled=few_rows):
+    with torch.inference_mode(), cpu_few_row_linear(target, drafts["as_loaded"], enabled=forms):
         times = interleaved(steps, args.repeats)
 
     ms = {name: 1e3 * quartiles(ts)[1] for name, ts in times.items()}
-    one_row = "padded to two rows" if 1 in few_rows else "F.linear"
+    one_row = forms.get("1", "F.linear")
     print(f"\ntarget {args.target} ({args.dtype}, one row {one_row}): {ms['target']:.1f} ms a step")
     loaded = times["draft as_loaded"]
     for w in FORMS:

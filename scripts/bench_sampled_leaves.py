@@ -41,7 +41,7 @@ from draftsmith.vocab_rows import token_id_count
 FIELDS = ("tokens", "seconds", "forwards", "proposed", "accepted", "leaves", "leaf_hits")
 
 
-def build(target, draft, args, eos, vocab, few_rows) -> dict[str, SpeculativeDecoder]:
+def build(target, draft, args, eos, vocab, forms) -> dict[str, SpeculativeDecoder]:
     """{name: decoder}: the target alone, the chain, and the chain with each leaves gain."""
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
 
@@ -52,7 +52,7 @@ def build(target, draft, args, eos, vocab, few_rows) -> dict[str, SpeculativeDec
             k=k,
             sampling=sampling,
             eos_ids=eos,
-            few_row_linear=few_rows,
+            linear_forms=forms,
             num_ids=vocab,
             stop_below=args.threshold if proposer is not None else None,
             second_choice_min=second,
@@ -127,15 +127,15 @@ def main() -> None:
     if args.draft_weights != "as_loaded":
         quantize_draft(draft, args.draft_weights, target)
     # the verify widths a round with leaves reaches: k drafts, up to k leaves, seq[-1]
-    few_rows = choose_kernels(target, SimpleNamespace(few_row="auto", ks=[2 * args.k]))
+    forms = choose_kernels(target, SimpleNamespace(few_row="auto", ks=[2 * args.k]))
     eos = eos_token_ids(tok, target.generation_config)
     prompts = [ids for spec in args.sets for ids in set_prompts(spec, tok, args.prompts)]
     print(
         f"{len(prompts)} prompts x {args.seeds} seeds, temperature {args.temperature:g}, "
         f"top_p {args.top_p:g}, k={args.k}, stop < {args.threshold:g}, draft "
-        f"{args.draft_weights}, few-row widths {few_rows}"
+        f"{args.draft_weights}, linear forms {forms}"
     )
-    decoders = build(target, draft, args, eos, token_id_count(tok), few_rows)
+    decoders = build(target, draft, args, eos, token_id_count(tok), forms)
     report(run(decoders, prompts, args))
 
 

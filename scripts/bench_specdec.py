@@ -29,6 +29,12 @@ each decoder's best setting is compared with the other's best, per set and poole
 (evaluate.draft_weights, draftsmith/quant_draft.py), and transformers' assisted generation
 runs at every setting with each rounded draft and the draft as loaded, so each decoder is
 compared at its own best.
+
+--hf-engine-kernels: transformers' plain and assisted generate (with the last
+--draft-weights draft) once more with the engine's linear forms patched into the target
+(draftsmith/fast_linear.py, the per-width choice timed at the start). It splits the native
+engine's lead over transformers into what its kernels give (the same kernels in HF's
+generate) and what its decoding gives on top (native against that).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from draftsmith.config import TargetConfig
 from draftsmith.evaluate import metrics
 from draftsmith.evaluate.engine import SpeculativeDecoder
 from draftsmith.evaluate.ranking import near_tie_tolerance, target_tie_gap
+from draftsmith.fast_linear import cpu_few_row_linear
 from draftsmith.kinds.independent.export import fixed_k_assistant
 from draftsmith.models import (
     eos_token_ids,
@@ -128,17 +135,20 @@ def set_prompts(spec: str, tok, n: int) -> list[list[int]]:
     return [encode_text(render(p, tok, True, None), tok, True) for p in picked]
 
 
-def choose_kernels(target, args) -> list[int]:
-    """--few-row: the widths the W @ x^T form is used for (auto: timed, as evaluate does)."""
-    from draftsmith.evaluate.timing import choose_few_rows
-    from draftsmith.fast_linear import few_row_counts
+def choose_kernels(target, args) -> dict[str, str]:
+    """--few-row: {forward width: form of the linear layers} (auto: each form timed against
+    F.linear, as evaluate does; on/off: W @ x^T at every width or none)."""
+    from draftsmith.evaluate.timing import choose_linear_forms
+    from draftsmith.fast_linear import FEW_ROW, few_row_counts
 
     if args.few_row in ("on", "off"):
-        return sorted(few_row_counts(args.few_row == "on"))
-    widths = list(range(1, max(args.ks) + 2))  # 1: the padded one-row form
+        return {str(w): FEW_ROW for w in sorted(few_row_counts(args.few_row == "on"))}
+    widths = list(range(1, max(args.ks) + 2))  # 1: the decode step
     vocab = target.config.get_text_config().vocab_size
     context = [t % vocab for t in range(1000, 1128)]  # the cost does not depend on the ids
-    return choose_few_rows(target, context, widths, repeats=5)["few_rows"]
+    chosen = choose_linear_forms(target, context, widths, repeats=5)
+    print(f"linear forms timed (ms per forward): {chosen['ms']}")
+    return chosen["forms"]
 
 
 def decoders(target, draft, args, eos, pad, rounded=None):
@@ -154,7 +164,7 @@ def decoders(target, draft, args, eos, pad, rounded=None):
             proposer,
             k=k,
             eos_ids=eos,
-            few_row_linear=args.few_row,
+            linear_forms=args.few_row,
             stop_below=stop,
             second_choice_min=second,
         )
@@ -166,7 +176,10 @@ def decoders(target, draft, args, eos, pad, rounded=None):
 
         return run
 
-    def hf(k=0, stop=0.0, use_draft=True, assistant=draft):
+    def hf(k=0, stop=0.0, use_draft=True, assistant=draft, forms=None):
+        """transformers' generate; `forms`: with the engine's linear forms (fast_linear)
+        patched into the target and the assistant, as the engine runs them."""
+
         def run(ids):
             kw = dict(
                 max_new_tokens=args.max_new_tokens,
@@ -179,8 +192,9 @@ def decoders(target, draft, args, eos, pad, rounded=None):
                     **{**fixed_k_assistant(k), "assistant_confidence_threshold": stop}
                 )
                 kw.update(assistant_model=assistant)
+            scope = cpu_few_row_linear(target, assistant if use_draft else None, enabled=forms)
             start = time.perf_counter()
-            with torch.inference_mode():
+            with torch.inference_mode(), scope:
                 out = target.generate(torch.tensor([ids], device=target.device), **kw)
             return out[0, len(ids) :].tolist(), time.perf_counter() - start, None
 
@@ -205,6 +219,15 @@ def decoders(target, draft, args, eos, pad, rounded=None):
         out |= {
             f"{label} k<={k_max} stop<{t:g}": hf(k_max, t, assistant=a) for t in args.thresholds
         }
+    if args.hf_engine_kernels:  # the last assistant (the roundest draft) with the engine's forms
+        label, a = next(reversed(assistants.items()))
+        label, f = f"{ENGINE_KERNELS} {label}", args.few_row
+        out[f"{ENGINE_KERNELS} HF plain"] = hf(use_draft=False, forms=f)
+        out |= {f"{label} k={k}": hf(k, assistant=a, forms=f) for k in args.ks}
+        out |= {
+            f"{label} k<={k_max} stop<{t:g}": hf(k_max, t, assistant=a, forms=f)
+            for t in args.thresholds
+        }
     return out
 
 
@@ -213,6 +236,7 @@ def is_native_spec(name: str) -> bool:
 
 
 FP32_REF = "fp32 target-only (reference)"
+ENGINE_KERNELS = "[engine kernels]"  # transformers' generate with the engine's linear forms
 
 
 def check_same(target, prompt_ids, ref, toks, where: str, ties: dict) -> None:
@@ -237,7 +261,7 @@ def sweep(target, draft, tok, args, eos, fp32=None, rounded=None) -> None:
     if (
         fp32 is not None
     ):  # timed like the others; its tokens may differ from the low-precision target's
-        dec = SpeculativeDecoder(fp32, eos_ids=eos, few_row_linear=False)
+        dec = SpeculativeDecoder(fp32, eos_ids=eos, linear_forms=False)
 
         def run_fp32(ids):
             start = time.perf_counter()
@@ -330,14 +354,23 @@ def report_sweep(sets, names, seconds, tokens, results) -> None:
                     request = m["modelled_speedup_request"]
                     if request:  # the same model with the prompts' prefills counted
                         extra += f", with prefills {request:.2f}x ({tps / base / request:.2f})"
-            print(f"  {n:36s} {tps:6.2f} tokens/s  {tps / base:5.2f}x{extra}")
+            print(f"  {n:48s} {tps:6.2f} tokens/s  {tps / base:5.2f}x{extra}")
         best_native = max((n for n in names if is_native_spec(n)), key=lambda n: -secs[n])
         best_hf = max((n for n in names if n.startswith("HF assisted")), key=lambda n: -secs[n])
         print(
             f"  best native ({best_native}) / best HF assisted ({best_hf}): "
             f"{secs[best_hf] / secs[best_native]:.2f}x; best native / target-only "
-            f"{secs['native target-only'] / secs[best_native]:.2f}x"
+            f"{secs['native target-only'] / secs[best_native]:.2f}x; native target-only / HF "
+            f"plain {secs['HF plain'] / secs['native target-only']:.2f}x"
         )
+        patched = [n for n in names if n.startswith(f"{ENGINE_KERNELS} HF assisted")]
+        if patched:  # the lead split: the same kernels in HF, then the decoding on top
+            best_patched = max(patched, key=lambda n: -secs[n])
+            print(
+                f"  of which the engine's kernels (best HF assisted with them, {best_patched}, "
+                f"/ best HF assisted) {secs[best_hf] / secs[best_patched]:.2f}x and the "
+                f"decoding (best native / that) {secs[best_patched] / secs[best_native]:.2f}x"
+            )
 
 
 def main() -> None:
@@ -359,7 +392,15 @@ def main() -> None:
     ap.add_argument(
         "--few-row",
         default="auto",
-        help="sweep mode: few-row matmul widths (auto: timed here, as evaluate does; on; off)",
+        help="sweep mode: the linear layers' form per forward width (auto: F.linear, W @ x^T and "
+        "packed weights timed here, as evaluate does; on: W @ x^T everywhere; off: F.linear)",
+    )
+    ap.add_argument(
+        "--hf-engine-kernels",
+        action="store_true",
+        help="sweep mode: also transformers' plain and assisted generate (with the last "
+        "--draft-weights draft) with the engine's linear forms patched in, to split the "
+        "engine's lead into its target forward and its decoding",
     )
     ap.add_argument("--target", default="smollm2-135m-instruct", help="registry name or dir")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
@@ -396,7 +437,7 @@ def main() -> None:
         draft = load_model(args.draft, device=device, dtype=dtype, key="--draft")
         eos = eos_token_ids(tok, target.generation_config)
         args.few_row = choose_kernels(target, args)
-        print(f"target {path}, draft {args.draft}, {args.dtype}, few-row widths {args.few_row}")
+        print(f"target {path}, draft {args.draft}, {args.dtype}, linear forms {args.few_row}")
         fp32 = None
         if args.fp32_reference and dtype != torch.float32:
             fp32 = load_target(target_cfg, device, torch.float32)
@@ -429,7 +470,7 @@ def main() -> None:
     base_dec = SpeculativeDecoder(target, eos_ids=eos)
     spec_dec = SpeculativeDecoder(target, draft, k=k, eos_ids=eos)
     # the same engine with every matmul through F.linear: what fast_linear.py buys
-    flin_dec = SpeculativeDecoder(target, draft, k=k, eos_ids=eos, few_row_linear=False)
+    flin_dec = SpeculativeDecoder(target, draft, k=k, eos_ids=eos, linear_forms=False)
     for dec in (base_dec, spec_dec, flin_dec):  # warm-up
         dec.generate(prompts[0], 4)
     run_hf(target, draft, prompts[:1], 4, k, eos, tok.pad_token_id)

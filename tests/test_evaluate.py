@@ -1026,18 +1026,18 @@ def test_target_only_baseline_decodes_with_the_timed_kernel_choice(run_dir, monk
 
     def fake_choose(model, context, ws, repeats):
         widths.extend(ws)
-        return {"few_rows": [1, 2], "ms": {}, "repeats": repeats}
+        return {"forms": {"1": "packed", "2": "W@x^T"}, "ms": {}, "repeats": repeats}
 
     made = []
     real = native.SpeculativeDecoder
 
     def spy(target, proposer, **kw):
-        made.append((proposer is None, kw["few_row_linear"]))
+        made.append((proposer is None, kw["linear_forms"]))
         return real(target, proposer, **kw)
 
-    monkeypatch.setattr(timing, "choose_few_rows", fake_choose)
+    monkeypatch.setattr(timing, "choose_linear_forms", fake_choose)
     monkeypatch.setattr(native, "SpeculativeDecoder", spy)
     run_evaluate(_cfg(run_dir))
     assert 1 in widths  # the decode step's width is timed too
-    baselines = [few for target_only, few in made if target_only]
-    assert baselines and all(few == [1, 2] for few in baselines)
+    baselines = [forms for target_only, forms in made if target_only]
+    assert baselines and all(forms == {"1": "packed", "2": "W@x^T"} for forms in baselines)

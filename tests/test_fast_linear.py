@@ -1,5 +1,5 @@
-"""few_row_linear computes F.linear, the context manager is scoped, and the engine's tokens
-do not depend on it."""
+"""few_row_linear and the packed form compute F.linear, the context manager is scoped, the
+per-width choice follows the clock, and the engine's tokens do not depend on the form."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import draftsmith.fast_linear as fl
 from draftsmith.evaluate.engine import SpeculativeDecoder
 from draftsmith.fast_linear import MAX_ROWS, cpu_few_row_linear, few_row_linear
 from tests.test_specdec import tiny_pair
@@ -27,8 +28,6 @@ def test_few_row_linear_equals_f_linear(shape, bias):
 @pytest.fixture
 def spy(monkeypatch):
     """Record (rows, weight) of every few_row_linear call the patched forwards make."""
-    import draftsmith.fast_linear as fl
-
     calls = []
     real = fl.few_row_linear
 
@@ -37,6 +36,20 @@ def spy(monkeypatch):
         return real(x, w, b)
 
     monkeypatch.setattr(fl, "few_row_linear", record)
+    return calls
+
+
+@pytest.fixture
+def packed_spy(monkeypatch):
+    """Record (rows, packed weight) of every packed_linear call the patched forwards make."""
+    calls = []
+    real = fl.packed_linear
+
+    def record(x, packed, b=None):
+        calls.append((x.numel() // x.shape[-1], packed))
+        return real(x, packed, b)
+
+    monkeypatch.setattr(fl, "packed_linear", record)
     return calls
 
 
@@ -98,7 +111,7 @@ def test_another_model_used_during_the_engine_keeps_f_linear(spy):
 def test_engine_tokens_and_counts_do_not_depend_on_it(k):
     target, draft = tiny_pair(3, noise=0.3)
     runs = [
-        SpeculativeDecoder(target, draft, k=k, eos_ids=[2], few_row_linear=flag).generate(
+        SpeculativeDecoder(target, draft, k=k, eos_ids=[2], linear_forms=flag).generate(
             [5, 7, 11, 13], 24
         )
         for flag in (True, False, [3], [k + 1])  # always, never, and per-width choices
@@ -139,36 +152,134 @@ def test_target_only_decoding_takes_the_chosen_one_row_form_and_keeps_its_tokens
     width 1 chosen, its one-token steps take the padded form, and its tokens are unchanged."""
     target, _ = tiny_pair(3, noise=0.3)
     prompt = [5, 7, 11, 13]
-    plain = SpeculativeDecoder(target, None, eos_ids=[2], few_row_linear=False).generate(prompt, 16)
+    plain = SpeculativeDecoder(target, None, eos_ids=[2], linear_forms=False).generate(prompt, 16)
     assert spy == []
-    padded = SpeculativeDecoder(target, None, eos_ids=[2], few_row_linear=[1]).generate(prompt, 16)
+    padded = SpeculativeDecoder(target, None, eos_ids=[2], linear_forms=[1]).generate(prompt, 16)
     assert spy and {rows for rows, _ in spy} == {2}  # every one-row matmul went padded
     assert padded.tokens == plain.tokens
 
 
-def test_choose_few_rows_picks_the_faster_form_per_width(monkeypatch, spy):
-    """The choice follows the clock: with W @ x^T injected as slower at width 2 and faster at
-    width 3, only 3 is chosen; both forms really run through the switch."""
+def test_choose_linear_forms_picks_the_fastest_form_per_width(monkeypatch, spy, packed_spy):
+    """The choice follows the clock, per width: with the packed form injected fastest at
+    width 1, W @ x^T at width 2 and F.linear at width 3 (nothing chosen there), the choice is
+    exactly that; a form only a hair (< margin) faster than F.linear is not taken; every form
+    really runs through the switch."""
     from draftsmith.evaluate import timing
 
-    target, _ = tiny_pair(1)
+    target = tiny_pair(1)[0].to(torch.bfloat16)  # bf16: the packed form is timed too
+    fastest = {"1": "packed", "2": "W@x^T", "3": "F.linear", "4": "packed"}
     seen = []
 
     def fake_time(name, run, sync):
         run()
         seen.append(name)
         form, width = name.rsplit("_", 1)
-        faster = (form == "W@x^T") == (width == "3")
-        return 1.0 if faster else 2.0
+        if width == "4":  # packed 2% faster than F.linear: within the margin
+            return {"F.linear": 1.0, "W@x^T": 1.5, "packed": 0.98}[form]
+        return 1.0 if form == fastest[width] else 2.0
 
     monkeypatch.setattr(timing, "time_step", fake_time)
-    out = timing.choose_few_rows(target, [5, 6, 7, 8], [1, 2, 3], repeats=4)
-    assert out["few_rows"] == [3]
-    assert out["ms"]["2"] == {"F.linear": 1000.0, "W@x^T": 2000.0}
-    assert sorted(set(seen)) == [f"{f}_{w}" for f in ("F.linear", "W@x^T") for w in (1, 2, 3)]
-    # the W@x^T steps really took that form (width 1 padded to two rows)
-    assert {rows for rows, _ in spy} == {2, 3}
+    out = timing.choose_linear_forms(target, [5, 6, 7, 8], [1, 2, 3, 4], repeats=4)
+    assert out["forms"] == {"1": "packed", "2": "W@x^T"}
+    assert out["ms"]["2"] == {"F.linear": 2000.0, "W@x^T": 1000.0, "packed": 2000.0}
+    forms = ("F.linear", "W@x^T", "packed")
+    assert sorted(set(seen)) == sorted(f"{f}_{w}" for f in forms for w in (1, 2, 3, 4))
+    # the W@x^T steps really took that form (width 1 padded to two rows), and so did packed
+    assert {rows for rows, _ in spy} == {2, 3, 4}
+    assert {rows for rows, _ in packed_spy} == {1, 2, 3, 4}
     assert not any("forward" in vars(m) for m in target.modules())  # restored
+    assert any(m in fl._PACKED for m in target.modules())  # chosen at width 1: kept
+
+
+def test_choose_linear_forms_frees_the_packed_copies_where_none_is_chosen(monkeypatch):
+    from draftsmith.evaluate import timing
+
+    target = tiny_pair(1)[0].to(torch.bfloat16)
+    monkeypatch.setattr(
+        timing, "time_step", lambda name, run, sync: (run(), 1.0 if "F.linear" in name else 2.0)[1]
+    )
+    out = timing.choose_linear_forms(target, [5, 6, 7, 8], [1, 2], repeats=2)
+    assert out["forms"] == {}
+    assert not any(m in fl._PACKED for m in target.modules())
+
+
+def test_an_fp32_model_is_never_timed_packed(monkeypatch):
+    from draftsmith.evaluate import timing
+
+    target, _ = tiny_pair(1)
+    seen = []
+    monkeypatch.setattr(
+        timing, "time_step", lambda name, run, sync: (seen.append(name), run(), 1.0)[-1]
+    )
+    timing.choose_linear_forms(target, [5, 6, 7, 8], [1, 2], repeats=2)
+    assert seen and not any(name.startswith("packed") for name in seen)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 48), (1, 5, 48), (3, 48), (48,)])
+@pytest.mark.parametrize("bias", [False, True])
+@torch.inference_mode()  # as the engine runs (with gradients on, a parameter is not packed)
+def test_packed_linear_equals_f_linear(shape, bias):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(48, 80, bias=bias, dtype=torch.bfloat16)
+    x = torch.randn(*shape, dtype=torch.bfloat16)
+    packed = fl.packed_weight(lin)
+    assert packed is not None
+    got = fl.packed_linear(x, packed, lin.bias)
+    assert got.shape == (*shape[:-1], 80)
+    torch.testing.assert_close(got, F.linear(x, lin.weight, lin.bias))
+
+
+@torch.no_grad()
+def test_the_packed_copy_is_cached_and_remade_when_the_weight_changes():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(48, 80, bias=False, dtype=torch.bfloat16)
+    x = torch.randn(2, 48, dtype=torch.bfloat16)
+    first = fl.packed_weight(lin)
+    assert fl.packed_weight(lin) is first  # packed once
+    lin.weight.mul_(-1)  # in place: same storage, a new version
+    again = fl.packed_weight(lin)
+    assert again is not first
+    torch.testing.assert_close(fl.packed_linear(x, again), F.linear(x, lin.weight))
+    fl.drop_packed(lin)
+    assert lin not in fl._PACKED
+
+
+def test_packed_form_falls_back_to_f_linear_where_it_cannot_run(packed_spy):
+    """fp32 weights and weights being trained (the packed op has no backward) keep F.linear,
+    with gradients intact."""
+    fp32 = torch.nn.Linear(8, 4)
+    trained = torch.nn.Linear(8, 4, dtype=torch.bfloat16)
+    with cpu_few_row_linear(fp32, trained, enabled={1: "packed", 2: "packed"}):
+        fp32(torch.randn(2, 8))
+        trained(torch.randn(2, 8, dtype=torch.bfloat16)).sum().backward()
+    assert packed_spy == [] and trained.weight.grad is not None
+
+
+def test_linear_forms_reads_json_keys_and_refuses_unknown_forms():
+    assert fl.linear_forms({"1": "packed", "3": "W@x^T"}) == {1: "packed", 3: "W@x^T"}
+    assert fl.linear_forms([2, 3]) == {2: "W@x^T", 3: "W@x^T"}
+    assert fl.linear_forms(False) == {}
+    with pytest.raises(ValueError, match="unknown linear form"):
+        fl.linear_forms({"2": "W@x"})
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_engine_tokens_do_not_depend_on_the_packed_form(k, packed_spy):
+    """A bf16 pair decodes the same tokens, with the same acceptance, with every width on
+    packed weights as with F.linear, and the packed form is really taken."""
+    target, draft = (m.to(torch.bfloat16) for m in tiny_pair(3, noise=0.3))
+    packed = {w: "packed" for w in range(1, k + 2)}
+    runs = [
+        SpeculativeDecoder(target, draft, k=k, eos_ids=[2], linear_forms=forms).generate(
+            [5, 7, 11, 13], 24
+        )
+        for forms in (False, packed)
+    ]
+    assert runs[1].tokens == runs[0].tokens
+    assert (runs[1].proposed, runs[1].accepted) == (runs[0].proposed, runs[0].accepted)
+    assert runs[0].accepted > 0
+    assert {rows for rows, _ in packed_spy} >= {1, k + 1}
+    fl.drop_packed(target, draft)
 
 
 @pytest.mark.gpu

@@ -226,7 +226,7 @@ def _decode(target, draft, k: int, temperature: float, seed: int, n: int = 24):
         k=k,
         sampling=SamplingConfig(temperature=temperature),
         num_ids=NUM_IDS,
-        few_row_linear=False,
+        linear_forms=False,
     )
     return dec.generate([5, 70, 80, 90], n, seed=seed)
 
