@@ -50,7 +50,8 @@ MAX_ROWS = 64  # the widest few-row forward the W @ x^T form is ever considered 
 F_LINEAR, FEW_ROW, PACKED = "F.linear", "W@x^T", "packed"
 FORMS = (F_LINEAR, FEW_ROW, PACKED)
 
-# layer -> ((weight's data_ptr, version, shape), its packed copy): packed_weight's cache
+# layer -> ((weight's data_ptr, version, shape, dtype, device), its packed copy):
+# packed_weight's cache
 _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -91,16 +92,19 @@ def packed_weight(layer: torch.nn.Linear) -> torch.Tensor | None:
     remade when the weight changes), or None where it cannot be (not packable, or a weight
     being trained: the packed op has no backward)."""
     w = layer.weight
-    if not packable(w) or (w.requires_grad and torch.is_grad_enabled()):
+    if w.requires_grad and torch.is_grad_enabled():
         return None
     # an inference tensor (made under inference_mode) keeps no version counter
-    stamp = (w.data_ptr(), None if w.is_inference() else w._version, tuple(w.shape))
+    version = None if w.is_inference() else w._version
+    stamp = (w.data_ptr(), version, tuple(w.shape), w.dtype, w.device)
     hit = _PACKED.get(layer)
-    if hit is None or hit[0] != stamp:
-        # the batch-size hint only tunes the layout: 1 measured as good as 5 or 16 for 1-8 rows
-        hit = (stamp, torch.ops.mkldnn._reorder_linear_weight(w.detach(), 1))
-        _PACKED[layer] = hit
-    return hit[1]
+    if hit is not None and hit[0] == stamp:  # every call of a packed forward: keep it cheap
+        return hit[1]
+    if not packable(w):
+        return None
+    # the batch-size hint only tunes the layout: 1 measured as good as 5 or 16 for 1-8 rows
+    _PACKED[layer] = (stamp, torch.ops.mkldnn._reorder_linear_weight(w.detach(), 1))
+    return _PACKED[layer][1]
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None):
