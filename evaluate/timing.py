@@ -159,6 +159,19 @@ def measure_costs(
 # ----------------------------------------------------------------------------- kernel choice
 
 
+def in_form(step: Step, switch: FormSwitch, width: int, form: str) -> Step:
+    """`step` (a forward `width` tokens wide) run with its linear layers in `form`: the
+    switch is set just before the run, inside a cpu_few_row_linear(..., enabled=switch)."""
+    run, reset = step
+
+    def switched() -> None:
+        switch.clear()
+        switch[width] = form
+        run()
+
+    return switched, reset
+
+
 @torch.inference_mode()
 def choose_linear_forms(
     model, context: Sequence[int], widths: Sequence[int], repeats: int, margin: float = 0.03
@@ -182,15 +195,8 @@ def choose_linear_forms(
     feed = (list(context[-1:]) * max(widths, default=1))[: max(widths, default=1)]
     steps: dict[str, Step] = {}
     for w in widths:
-        run, reset = cached_forward(model, context, feed[:w])
-        for form in forms:
-
-            def timed_run(run=run, w=w, form=form):
-                switch.clear()
-                switch[w] = form
-                run()
-
-            steps[f"{form}_{w}"] = (timed_run, reset)
+        step = cached_forward(model, context, feed[:w])
+        steps |= {f"{form}_{w}": in_form(step, switch, w, form) for form in forms}
     times = {}
     if steps:
         with cpu_few_row_linear(model, enabled=switch):

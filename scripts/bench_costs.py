@@ -23,7 +23,7 @@ import gc
 import torch
 
 from draftsmith.evaluate.metrics import quartiles
-from draftsmith.evaluate.timing import Step, cached_forward, interleaved
+from draftsmith.evaluate.timing import Step, cached_forward, in_form, interleaved
 from draftsmith.fast_linear import F_LINEAR, FEW_ROW, PACKED, FormSwitch, cpu_few_row_linear
 from draftsmith.models import load_model
 
@@ -39,15 +39,9 @@ def model_costs(ref: str, dtype: torch.dtype, widths: list[int], ctx: int, repea
     forms = [F_LINEAR, FEW_ROW] + ([PACKED] if dtype == torch.bfloat16 else [])
     steps: dict[str, Step] = {}
     for q in widths:
-        run, reset = cached_forward(model, context, context[:q])
+        step = cached_forward(model, context, context[:q])
         for form in forms if q > 1 else [f for f in forms if f != FEW_ROW]:
-
-            def timed_run(run=run, q=q, form=form):
-                switch.clear()
-                switch[q] = form
-                run()
-
-            steps[f"{form} {q}"] = (timed_run, reset)
+            steps[f"{form} {q}"] = in_form(step, switch, q, form)
     with torch.inference_mode(), cpu_few_row_linear(model, enabled=switch):
         times = interleaved(steps, repeats)
     del model
