@@ -38,6 +38,7 @@ other model in the process keep F.linear, inside the block too.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -77,14 +78,29 @@ def padded_one_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
 
 
 def packable(weight: torch.Tensor) -> bool:
-    """Whether `weight` can take the prepacked form: a bf16 weight on CPU, with torch's oneDNN
-    linear available (the op inductor's CPU freezing pass uses)."""
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.bfloat16
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    )
+    """Whether `weight` can take the prepacked form: a bf16 weight on CPU, on a CPU where
+    torch's oneDNN bf16 linear runs (the op inductor's CPU freezing pass uses)."""
+    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and cpu_can_pack_bf16()
+
+
+@functools.cache
+def cpu_can_pack_bf16() -> bool:
+    """Whether oneDNN's bf16 weight reorder runs on this CPU, tried once on a tiny weight.
+
+    It needs AVX512 (bw, vl, dq) or AVX-NE-CONVERT, which an AVX2-only CPU lacks (an AMD
+    EPYC of 2026-12-07 refused it: "bf16 path needs the cpu support avx_ne_convert or
+    avx512bw, avx512vl and avx512dq"), and torch names no query for it: asking the op is
+    the one check that cannot disagree with the op.
+    """
+    if not (
+        torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    ):
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), 1)
+    except RuntimeError:
+        return False
+    return True
 
 
 def packed_weight(layer: torch.nn.Linear) -> torch.Tensor | None:

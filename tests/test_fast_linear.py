@@ -12,6 +12,12 @@ from draftsmith.evaluate.engine import SpeculativeDecoder
 from draftsmith.fast_linear import MAX_ROWS, cpu_few_row_linear, few_row_linear
 from tests.test_specdec import tiny_pair
 
+# oneDNN's bf16 packed linear needs AVX512 (bw, vl, dq) or AVX-NE-CONVERT; on an AVX2-only
+# CPU the form is never chosen (tested below), and these tests of the form itself cannot run
+needs_packing = pytest.mark.skipif(
+    not fl.cpu_can_pack_bf16(), reason="this CPU cannot run oneDNN's bf16 packed linear"
+)
+
 
 @pytest.mark.parametrize("shape", [(1, 2, 24), (1, 5, 24), (3, 1, 24), (2, 3, 24), (7, 24)])
 @pytest.mark.parametrize("bias", [False, True])
@@ -159,6 +165,7 @@ def test_target_only_decoding_takes_the_chosen_one_row_form_and_keeps_its_tokens
     assert padded.tokens == plain.tokens
 
 
+@needs_packing
 def test_choose_linear_forms_picks_the_fastest_form_per_width(monkeypatch, spy, packed_spy):
     """The choice follows the clock, per width: with the packed form injected fastest at
     width 1, W @ x^T at width 2 and F.linear at width 3 (nothing chosen there), the choice is
@@ -191,6 +198,7 @@ def test_choose_linear_forms_picks_the_fastest_form_per_width(monkeypatch, spy, 
     assert any(m in fl._PACKED for m in target.modules())  # chosen at width 1: kept
 
 
+@needs_packing
 def test_choose_linear_forms_frees_the_packed_copies_where_none_is_chosen(monkeypatch):
     from draftsmith.evaluate import timing
 
@@ -215,6 +223,7 @@ def test_an_fp32_model_is_never_timed_packed(monkeypatch):
     assert seen and not any(name.startswith("packed") for name in seen)
 
 
+@needs_packing
 @pytest.mark.parametrize("shape", [(1, 1, 48), (1, 5, 48), (3, 48), (48,)])
 @pytest.mark.parametrize("bias", [False, True])
 @torch.inference_mode()  # as the engine runs (with gradients on, a parameter is not packed)
@@ -229,6 +238,7 @@ def test_packed_linear_equals_f_linear(shape, bias):
     torch.testing.assert_close(got, F.linear(x, lin.weight, lin.bias))
 
 
+@needs_packing
 @torch.no_grad()
 def test_the_packed_copy_is_cached_and_remade_when_the_weight_changes():
     torch.manual_seed(0)
@@ -255,6 +265,35 @@ def test_packed_form_falls_back_to_f_linear_where_it_cannot_run(packed_spy):
     assert packed_spy == [] and trained.weight.grad is not None
 
 
+def test_a_cpu_that_cannot_pack_never_times_or_takes_the_packed_form(monkeypatch, packed_spy):
+    """Where oneDNN refuses the bf16 reorder (an AVX2-only CPU), the probe says so, a bf16
+    model is not timed packed, and a forward asked for the packed form runs F.linear."""
+    from draftsmith.evaluate import timing
+
+    def refuse(*args):
+        raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support ...")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+    fl.cpu_can_pack_bf16.cache_clear()
+    try:
+        assert not fl.cpu_can_pack_bf16()
+        target = tiny_pair(1)[0].to(torch.bfloat16)
+        seen = []
+        monkeypatch.setattr(
+            timing, "time_step", lambda name, run, sync: (seen.append(name), run(), 1.0)[-1]
+        )
+        timing.choose_linear_forms(target, [5, 6, 7, 8], [1, 2], repeats=2)
+        assert seen and not any(name.startswith("packed") for name in seen)
+        lin = torch.nn.Linear(8, 4, dtype=torch.bfloat16)
+        x = torch.randn(2, 8, dtype=torch.bfloat16)
+        with torch.no_grad(), cpu_few_row_linear(lin, enabled={2: "packed"}):
+            got = lin(x)
+        assert packed_spy == []
+        torch.testing.assert_close(got, F.linear(x, lin.weight, lin.bias))
+    finally:
+        fl.cpu_can_pack_bf16.cache_clear()  # the next test asks the real op again
+
+
 def test_linear_forms_reads_json_keys_and_refuses_unknown_forms():
     assert fl.linear_forms({"1": "packed", "3": "W@x^T"}) == {1: "packed", 3: "W@x^T"}
     assert fl.linear_forms([2, 3]) == {2: "W@x^T", 3: "W@x^T"}
@@ -263,6 +302,7 @@ def test_linear_forms_reads_json_keys_and_refuses_unknown_forms():
         fl.linear_forms({"2": "W@x"})
 
 
+@needs_packing
 @pytest.mark.parametrize("k", [1, 3])
 def test_engine_tokens_do_not_depend_on_the_packed_form(k, packed_spy):
     """A bf16 pair decodes the same tokens, with the same acceptance, with every width on

@@ -9,7 +9,7 @@ import torch
 
 from draftsmith import models
 from draftsmith.config import config_from_dict
-from draftsmith.errors import DraftsmithError
+from draftsmith.errors import ConfigError, DraftsmithError
 
 
 def test_tiny_pull_is_idempotent(tiny_model_dir):
@@ -151,7 +151,7 @@ def test_smollm2_pull_matches_gguf_and_chats(tmp_path, monkeypatch):
     assert "Paris" in text
 
 
-@pytest.mark.parametrize("key", ["target.dtype", "target.batch_dtype", "draft.dtype"])
+@pytest.mark.parametrize("key", ["target.batch_dtype", "draft.dtype"])
 def test_bf16_by_hand_on_a_cpu_without_it_is_one_line_before_the_run_dir(
     tmp_path, monkeypatch, capsys, key
 ):
@@ -171,3 +171,14 @@ def test_bf16_by_hand_on_a_cpu_without_it_is_one_line_before_the_run_dir(
     models.check_cpu_bf16(cfg, torch.device("cpu"))  # auto never asks for it
     monkeypatch.setattr(models, "cpu_has_native_bf16", lambda cpuinfo=None: True)
     models.check_cpu_bf16(config_from_dict({"draft": {"dtype": "bfloat16"}}), torch.device("cpu"))
+
+
+def test_a_bf16_serving_target_is_allowed_on_a_cpu_without_native_bf16(monkeypatch):
+    """target.dtype decodes one sequence at a time, where bf16's halved bytes pay even with
+    emulated arithmetic (measured on an AVX2 EPYC): not refused; its batched twin is."""
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda cpuinfo=None: False)
+    serving = config_from_dict({"target": {"dtype": "bfloat16"}})
+    models.check_cpu_bf16(serving, torch.device("cpu"))
+    batched = config_from_dict({"target": {"dtype": "bfloat16", "batch_dtype": "bfloat16"}})
+    with pytest.raises(ConfigError, match="^target.batch_dtype: bfloat16, but this CPU"):
+        models.check_cpu_bf16(batched, torch.device("cpu"))
