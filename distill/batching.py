@@ -20,6 +20,7 @@ sequences of similar length and is padded only to its own longest one.
 
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import dataclass
 
@@ -91,6 +92,31 @@ class TrainData:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def split_prompts(self, n: int, seed: int) -> tuple[TrainData, TrainData]:
+        """(training, held out): `n` prompts drawn by `seed` go to the second, with all their
+        samples, so no completion of a held-out prompt is ever trained on. Prompts are told
+        apart by their token ids, which every sample of one prompt shares."""
+        prompts = self.dataset["prompt_ids"]
+        key = [tuple(prompts[r]) for r in self.rows]  # per kept row
+        distinct = sorted(set(key))
+        if n >= len(distinct):
+            raise ConfigError(
+                f"distill.heldout_prompts: {n} would leave no training prompt (the data has "
+                f"{len(distinct)} distinct prompts with a completion token to learn)"
+            )
+        held = set(random.Random(seed).sample(distinct, n))
+        return (
+            self._subset([i for i, k in enumerate(key) if k not in held]),
+            self._subset([i for i, k in enumerate(key) if k in held]),
+        )
+
+    def _subset(self, positions: list[int]) -> TrainData:
+        """The same dataset, reading only the kept rows at `positions`."""
+        sub = copy.copy(self)
+        sub.rows = [self.rows[i] for i in positions]
+        sub.lengths = [self.lengths[i] for i in positions]
+        return sub
 
     def examples(self, idx: list[int]) -> list[Example]:
         rows = self.dataset[[self.rows[i] for i in idx]]

@@ -92,6 +92,8 @@ class Trainer:
     # cost, independent of the machine's load (README compares data kinds by it)
     cpu_seconds: float = 0.0
     tokens_seen: int = 0  # completion tokens trained on so far (sums over epochs)
+    heldout: TrainData | None = None  # distill.heldout_prompts' sequences, never trained on
+    heldout_losses: dict[int, float] = field(default_factory=dict)  # step -> held-out loss
 
     @property
     def draft(self):
@@ -190,6 +192,38 @@ def train_step(tr: Trainer, step: int) -> dict:
     }
 
 
+# ----------------------------------------------------------------------------- held out
+
+
+@torch.no_grad()
+def measure_heldout(tr: Trainer) -> float | None:
+    """The draft's loss on the held-out prompts' completions at the current step (None when
+    distill.heldout_prompts is 0): the training objective's exact token mean, nothing
+    updated, cached per step. Every process computes it over all held-out sequences (a DDP
+    forward must run on every rank alike), so all ranks agree without talking."""
+    if tr.heldout is None:
+        return None
+    if tr.step not in tr.heldout_losses:
+        acc, dcfg = tr.accelerator, tr.cfg.distill
+        size = max(1, dcfg.batch_size // (dcfg.grad_accum_steps * acc.num_processes))
+        order = sorted(range(len(tr.heldout)), key=tr.heldout.lengths.__getitem__)  # less padding
+        totals, counts = 0.0, 0.0
+        tr.model.eval()
+        try:
+            for i in range(0, len(order), size):
+                examples = tr.heldout.examples(order[i : i + size])
+                batch = collate(examples, tr.tokenizer.pad_token_id).to(acc.device)
+                parts = tr.kind.loss_parts(tr, batch, on_policy=False)
+                totals = totals + torch.stack([p.total.float() for p in parts]).cpu()
+                counts = counts + torch.tensor(tr.kind.token_counts(tr, batch))
+        finally:
+            tr.model.train()
+        weights = torch.tensor(tr.kind.loss_weights(tr.cfg))
+        means = totals / counts.clamp(min=1.0)  # (m,) token means per loss part
+        tr.heldout_losses[tr.step] = float((weights * means).sum())
+    return tr.heldout_losses[tr.step]
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 
@@ -200,6 +234,7 @@ def train_state(tr: Trainer) -> dict:
         "history": list(tr.history),
         "cpu_seconds": tr.cpu_seconds,
         "tokens_seen": tr.tokens_seen,
+        "heldout_losses": dict(tr.heldout_losses),
         "optimizer": tr.optimizer.state_dict(),
         "scheduler": tr.scheduler.state_dict(),
         # the loss scale and its growth tracker: without them an fp16 resume restarts at
@@ -224,11 +259,13 @@ def restore_train_state(tr: Trainer, state: dict) -> None:
     tr.step, tr.history = int(state["step"]), list(state["history"])
     tr.cpu_seconds = float(state.get("cpu_seconds", 0.0))  # absent in older checkpoints
     tr.tokens_seen = int(state.get("tokens_seen", 0))
+    tr.heldout_losses = {int(k): float(v) for k, v in state.get("heldout_losses", {}).items()}
 
 
 def save(tr: Trainer) -> None:
     """Rank 0 writes checkpoint-<step>; everyone waits so no rank runs ahead of a save."""
     acc = tr.accelerator
+    heldout = measure_heldout(tr)  # on every rank, before rank 0 writes
     if acc.is_main_process:
         meta = {
             **tr.meta,
@@ -237,6 +274,7 @@ def save(tr: Trainer) -> None:
             "lr": tr.scheduler.get_last_lr()[0],
             "cpu_time_s": round(tr.cpu_seconds, 3),
             "tokens_seen": tr.tokens_seen,
+            **({} if heldout is None else {"heldout_loss": heldout}),
         }
         write_model = tr.kind.model_writer(tr)
         save_checkpoint(tr.checkpoints_dir, tr.step, write_model, train_state(tr), meta)
@@ -294,6 +332,9 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
     random.seed(cfg.run.seed)
     need_topk = kind.reads_topk(cfg, loss_name)
     data = TrainData(load_train_dataset(cfg.output_dir), dcfg.max_seq_len, need_topk)
+    heldout = None
+    if dcfg.heldout_prompts:
+        data, heldout = data.split_prompts(dcfg.heldout_prompts, cfg.run.seed)
     target_tok = load_target_tokenizer(cfg.target)
     num_ids = token_id_count(target_tok)  # logits past it are padding (draftsmith/vocab_rows.py)
     kind.check_target(cfg, load_target_config(cfg.target), target_tok)  # before any weights load
@@ -333,7 +374,12 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
         f"distill ({kind.name}): {len(data)} sequences ({data.dropped} dropped: no completion "
         f"token within max_seq_len), loss {loss_name}, teacher {meta['teacher']}, init {init}"
     )
-    return Trainer(
+    if heldout is not None:
+        say(
+            f"distill: {dcfg.heldout_prompts} prompts held out ({len(heldout)} sequences), "
+            "their loss measured at every log step and checkpoint"
+        )
+    tr = Trainer(
         cfg,
         loss_name,
         acc,
@@ -349,6 +395,8 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
         kind,
         target_config,
     )
+    tr.heldout = heldout
+    return tr
 
 
 def _target_config(cfg: Config, target):
@@ -359,6 +407,8 @@ def _target_config(cfg: Config, target):
 
 
 def log_metrics(tr: Trainer, window: list[dict], seconds: float, run, bar) -> None:
+    """One log line (and W&B point) over the steps since the last; measure_heldout has run
+    for this step on every rank before."""
     loss = sum(m["loss"] for m in window) / len(window)
     tokens_per_s = sum(m["tokens"] for m in window) / max(seconds, 1e-9)
     last = window[-1]
@@ -369,12 +419,27 @@ def log_metrics(tr: Trainer, window: list[dict], seconds: float, run, bar) -> No
         "train/tokens_per_s": tokens_per_s,
         "train/on_policy_share": sum(m["on_policy"] for m in window) / len(window),
     }
+    heldout = tr.heldout_losses.get(tr.step)
+    if heldout is not None:
+        metrics["heldout/loss"] = heldout
     bar.write(
         f"step {tr.step}: loss {loss:.4f} lr {last['lr']:.2e} grad_norm "
         f"{last['grad_norm']:.3f} tokens/s {tokens_per_s:.0f}"
+        + ("" if heldout is None else f" held-out loss {heldout:.4f}")
     )
     if run is not None:
         run.log(metrics, step=tr.step)
+
+
+def log_heldout_start(tr: Trainer, run, bar) -> None:
+    """The held-out loss where training starts (or resumes): the point every later one is
+    read against."""
+    heldout = measure_heldout(tr)
+    if heldout is None or not tr.accelerator.is_main_process:
+        return
+    bar.write(f"step {tr.step}: held-out loss {heldout:.4f}")
+    if run is not None:
+        run.log({"heldout/loss": heldout}, step=tr.step)
 
 
 def run_loop(tr: Trainer, run) -> None:
@@ -382,6 +447,7 @@ def run_loop(tr: Trainer, run) -> None:
     bar = tqdm(
         total=dcfg.max_steps, initial=tr.step, desc="distill", disable=not acc.is_main_process
     )
+    log_heldout_start(tr, run, bar)
     window, t0 = [], time.perf_counter()
     while tr.step < dcfg.max_steps:
         cpu = time.process_time()
@@ -393,8 +459,11 @@ def run_loop(tr: Trainer, run) -> None:
         window.append(metrics)
         bar.update(1)
         bar.set_postfix(loss=f"{metrics['loss']:.4f}")
-        if acc.is_main_process and (tr.step % dcfg.log_every == 0 or tr.step == dcfg.max_steps):
-            log_metrics(tr, window, time.perf_counter() - t0, run, bar)
+        if tr.step % dcfg.log_every == 0 or tr.step == dcfg.max_steps:
+            seconds = time.perf_counter() - t0  # the steps' time, not the held-out pass's
+            measure_heldout(tr)  # on every rank
+            if acc.is_main_process:
+                log_metrics(tr, window, seconds, run, bar)
             window, t0 = [], time.perf_counter()
         if is_save_step(tr.step, dcfg):
             save(tr)

@@ -244,6 +244,11 @@ class DistillConfig:
     save_steps: list[int] = field(default_factory=list)
     keep_last: int | None = field(default=None, metadata=bounds(ge=1))
     log_every: int = field(default=10, metadata=bounds(ge=1))
+    # Prompts of the training data kept out of training (every sample of each), chosen by
+    # run.seed: the draft's loss on their completions is measured before training, at every
+    # log step and at every checkpoint, so a run shows whether what it learns carries over to
+    # prompts it never saw (a training loss alone cannot). 0: off.
+    heldout_prompts: int = field(default=0, metadata=bounds(ge=0))
     resume: str = "auto"  # auto | never | path to a checkpoint dir
     # Also train a twin with plain cross-entropy (same data, steps, init) into
     # <output_dir>/ablations/ce/, so the leaderboard shows what the KL loss buys.

@@ -368,3 +368,81 @@ def test_constant_schedule_and_cost_bookkeeping(tmp_path, target_dir, data_dir):
     per_step = sum(map(len, load_train_dataset(out)["completion_ids"]))  # batch = whole set
     assert (two["tokens_seen"], four["tokens_seen"]) == (2 * per_step, 4 * per_step)
     assert 0 < two["cpu_time_s"] < four["cpu_time_s"]
+
+
+def _kl_topk_closed_form(model, examples) -> float:
+    """Forward KL on the stored top-k plus a rest bucket, token mean, one sequence at a time
+    (no padding, no batching): KL(p || q) = sum_b p_b log(p_b / q_b)."""
+    total, count = 0.0, 0
+    for ex in examples:
+        seq = torch.tensor([ex.prompt_ids + ex.completion_ids[:-1]])
+        with torch.no_grad():
+            logits = model(seq).logits[0, len(ex.prompt_ids) - 1 :].double()  # (C, V)
+        q = torch.log_softmax(logits, -1)
+        for c, (ids, lps) in enumerate(zip(ex.topk_ids, ex.topk_logprobs)):
+            p_top = torch.tensor(lps, dtype=torch.float64).exp()
+            q_top = q[c, ids].exp()
+            assert 1 - p_top.sum() > 1e-4  # the rest bucket is real mass, no floor involved
+            p = torch.cat([p_top, 1 - p_top.sum(0, keepdim=True)])
+            qq = torch.cat([q_top, 1 - q_top.sum(0, keepdim=True)])
+            total += float((p * (p / qq).log()).sum())
+            count += 1
+    return total / count
+
+
+def test_heldout_prompts_are_never_trained_on_and_their_loss_is_exact(
+    tmp_path, target_dir, data_dir, monkeypatch
+):
+    """distill.heldout_prompts: the drawn prompts' sequences never reach a training batch,
+    their loss is recorded before training, at every log step and in every checkpoint, and
+    it is the exact token mean of the loss over them (checked against a closed form on the
+    saved checkpoint), not a training batch's."""
+    from transformers import AutoModelForCausalLM
+
+    from draftsmith.distill import train as train_mod
+
+    out = run_dir_with_data(tmp_path, data_dir)
+    cfg = make_cfg(out, target_dir, teacher="offline", max_steps=4, save_every=2, lr=3e-3)
+    cfg.distill.heldout_prompts = 5  # two held-out micro-batches of 4: the mean spans both
+    trained, seen = [], []
+    real = train_mod.setup
+
+    def spy(*a, **kw):
+        tr = real(*a, **kw)
+        examples = tr.data.examples
+
+        def record(idx):
+            got = examples(idx)
+            trained.extend(tuple(e.prompt_ids) for e in got)
+            return got
+
+        tr.data.examples = record
+        seen.append(tr)
+        return tr
+
+    monkeypatch.setattr(train_mod, "setup", spy)
+    run_distill(cfg)
+    tr = seen[0]
+    held = tr.heldout.examples(list(range(len(tr.heldout))))
+    held_prompts = {tuple(e.prompt_ids) for e in held}
+    assert len(held_prompts) == 5 and len(tr.heldout) + len(tr.data) == 16
+    assert trained and not held_prompts & set(trained)
+    assert sorted(tr.heldout_losses) == [0, 1, 2, 3, 4]  # start + every log step (log_every 1)
+    ckpts = dict(list_checkpoints(out / "checkpoints"))
+    for step in (0, 2, 4):
+        meta = checkpoint_meta(ckpts[step])
+        assert meta["heldout_loss"] == tr.heldout_losses[step]
+        model = AutoModelForCausalLM.from_pretrained(ckpts[step], dtype=torch.float64).eval()
+        assert meta["heldout_loss"] == pytest.approx(_kl_topk_closed_form(model, held), rel=1e-4)
+    assert tr.heldout_losses[4] != tr.heldout_losses[0]  # training moved it
+    state = torch.load(ckpts[4] / "train_state.pt", weights_only=True)
+    assert state["heldout_losses"] == tr.heldout_losses  # a resume keeps the curve
+
+
+def test_heldout_prompts_must_leave_training_data(tmp_path, target_dir, data_dir):
+    out = run_dir_with_data(tmp_path, data_dir)
+    cfg = make_cfg(out, target_dir, teacher="offline", max_steps=2)
+    cfg.distill.heldout_prompts = 16
+    with pytest.raises(ConfigError, match=r"^distill.heldout_prompts: 16 would leave no training"):
+        run_distill(cfg)
+    assert not (out / "checkpoints").exists()
