@@ -146,6 +146,20 @@ def test_eagle3_checkpoints_contract(tmp_path, target_dir, data_dir):
     assert not torch.equal(init["fc.weight"], weights["fc.weight"])
 
 
+def test_eagle3_heldout_loss_is_recorded_and_falls_with_training(tmp_path, target_dir, data_dir):
+    """distill.heldout_prompts on a head: the held-out loss is measured through the kind's
+    own loss parts (one per training-time-test step, weighted), at the start and after
+    training, and a head trained on the other prompts lowers it."""
+    out = run_dir_with_data(tmp_path, data_dir)
+    cfg = eagle3_cfg(out, target_dir, max_steps=4, save_every=4, batch_size=8, lr=3e-3)
+    cfg.distill.heldout_prompts = 4
+    run_distill(cfg)
+    ckpts = dict(list_checkpoints(out / "eagle3" / "checkpoints"))
+    before = checkpoint_meta(ckpts[0])["heldout_loss"]
+    after = checkpoint_meta(ckpts[4])["heldout_loss"]
+    assert 0 < after < before
+
+
 def test_the_head_trains_at_its_own_lr_beside_the_independent_draft(tmp_path, target_dir, data_dir):
     """draft.eagle3.lr: a from-scratch head and a fine-tuned draft in one run, each at its own
     step size (the checkpoints record the lr their optimizer ran at)."""
