@@ -41,6 +41,7 @@ from draftsmith.models import (
     resolve_model,
 )
 from draftsmith.rundir import differing_keys, record_config
+from draftsmith.vocab_rows import token_id_count
 
 TOPK_DTYPE = "float32"
 
@@ -51,7 +52,7 @@ TOPK_DTYPE = "float32"
 def settings(cfg: Config) -> dict:
     """Everything that changes what generate writes (batch size and device only add float noise)."""
     data = dataclasses.asdict(cfg.data)
-    for k in ("batch_size", "max_batch_tokens", "vllm"):
+    for k in ("batch_size", "max_batch_tokens", "cpu_few_row_linear", "vllm"):
         data.pop(k)
     return {"target": dataclasses.asdict(cfg.target), "seed": cfg.run.seed, "data": data}
 
@@ -66,11 +67,12 @@ def make_backend(cfg: Config, tokenizer, model_path: str):
         eos = eos_token_ids(tokenizer, load_target_generation_config(cfg.target))
         return VllmBackend(cfg, model_path, eos)
 
-    from draftsmith.data.hf_backend import HFBackend
+    from draftsmith.data.hf_backend import HFBackend, decode_linear_forms
 
     device = pick_device(cfg.run.device)
     model = load_target(cfg.target, device, pick_batch_dtype(cfg.target, device))
-    return HFBackend(model, tokenizer, cfg.data)
+    forms = decode_linear_forms(model, cfg.data, token_id_count(tokenizer))
+    return HFBackend(model, tokenizer, cfg.data, linear_forms=forms)
 
 
 # ----------------------------------------------------------------------------- shards

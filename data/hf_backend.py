@@ -22,6 +22,7 @@ import torch
 
 from draftsmith.config import DataConfig
 from draftsmith.data.completion import Completion
+from draftsmith.fast_linear import F_LINEAR, FEW_ROW, cpu_few_row_linear, few_row_counts
 from draftsmith.kv_cache import cache_kwarg, new_cache
 from draftsmith.models import eos_token_ids
 from draftsmith.sampling import SamplingConfig, sampling_probs
@@ -190,11 +191,61 @@ def score_batch(
     return out
 
 
-class HFBackend:
-    """Generates for a list of prompt-id lists; `n` completions per prompt."""
+def timed_widths(batch_size: int) -> list[int]:
+    """The decode widths whose linear-layer form is timed: 1, 2, 4, ... and batch_size."""
+    return sorted(
+        {2**i for i in range(batch_size.bit_length()) if 2**i <= batch_size} | {batch_size}
+    )
 
-    def __init__(self, model, tokenizer, dcfg: DataConfig):
+
+def forms_by_width(chosen: dict, batch_size: int) -> dict[int, str]:
+    """{rows: form} for every decode width 1..batch_size from the timed widths' choice
+    ({width as str: form}, F.linear where absent): a width takes the choice of the widest timed
+    width at or below it (a batch shrinks from batch_size as its rows finish)."""
+    timed = timed_widths(batch_size)
+    forms = {}
+    for w in range(1, batch_size + 1):
+        anchor = max(t for t in timed if t <= w)
+        form = chosen.get(str(anchor), F_LINEAR)
+        if form != F_LINEAR:
+            forms[w] = form
+    return forms
+
+
+def decode_linear_forms(model, dcfg: DataConfig, vocab: int) -> dict[int, str]:
+    """{rows: form} for the target's linear layers in decode steps (data.cpu_few_row_linear).
+
+    A decode step multiplies every weight by one row per live sequence, the few-row shape
+    where F.linear can run well below the CPU's speed (draftsmith/fast_linear.py). auto:
+    each form timed on the target at the widths timed_widths names (evaluate's
+    choose_linear_forms, a 128-token context) and the fastest taken per width; prefills and
+    scoring (hundreds of rows) keep F.linear. GPUs keep F.linear.
+    """
+    setting = dcfg.cpu_few_row_linear
+    if next(model.parameters()).device.type != "cpu" or setting is False:
+        return {}
+    width = dcfg.batch_size
+    if setting is not True:
+        from draftsmith.evaluate.timing import choose_linear_forms
+
+        context = [t % vocab for t in range(1000, 1128)]  # the cost does not depend on values
+        chosen = choose_linear_forms(model, context, timed_widths(width), repeats=3)["forms"]
+        print(
+            "generate: the target's linear layers by decode width (timed faster than "
+            f"F.linear): {', '.join(f'{w}: {f}' for w, f in chosen.items()) or 'none'} of "
+            f"widths {timed_widths(width)}; F.linear elsewhere"
+        )
+        return forms_by_width(chosen, width)
+    return {w: FEW_ROW for w in few_row_counts(True) if w <= width}
+
+
+class HFBackend:
+    """Generates for a list of prompt-id lists; `n` completions per prompt. `linear_forms`
+    ({rows: form}, decode_linear_forms) is what the target's linear layers take in decode."""
+
+    def __init__(self, model, tokenizer, dcfg: DataConfig, linear_forms: dict | None = None):
         self.model, self.dcfg = model, dcfg
+        self.linear_forms = linear_forms or {}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.eos_ids = eos_token_ids(tokenizer, model.generation_config)
         self.sampling = SamplingConfig(dcfg.temperature, dcfg.top_p, dcfg.top_k)
@@ -206,16 +257,17 @@ class HFBackend:
         if not self.sampling.greedy:  # seeded per batch, so a resumed shard repeats its samples
             device = next(self.model.parameters()).device
             generator = torch.Generator(device=device).manual_seed(seed)
-        rows = decode_batch(
-            self.model,
-            [p for p in prompts for _ in range(n)],
-            max_new_tokens=self.dcfg.max_new_tokens,
-            sampling=self.sampling,
-            eos_ids=self.eos_ids,
-            pad_id=self.pad_id,
-            topk=self.dcfg.topk_logprobs,
-            generator=generator,
-        )
+        with cpu_few_row_linear(self.model, enabled=self.linear_forms):
+            rows = decode_batch(
+                self.model,
+                [p for p in prompts for _ in range(n)],
+                max_new_tokens=self.dcfg.max_new_tokens,
+                sampling=self.sampling,
+                eos_ids=self.eos_ids,
+                pad_id=self.pad_id,
+                topk=self.dcfg.topk_logprobs,
+                generator=generator,
+            )
         return [rows[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def generate(

@@ -194,6 +194,11 @@ class DataConfig:
     # tokens. Each decode step reads the whole KV cache, so long prompts in a full batch
     # decode slower per token than in a smaller one (README, Config reference). null: batch_size alone.
     max_batch_tokens: int | None = field(default=16384, metadata=bounds(ge=1))
+    # HF backend on CPU: the form of the target's linear layers in decode steps, one row per
+    # sequence of the batch (draftsmith/fast_linear.py). auto: F.linear, W @ x^T and (bf16)
+    # packed weights timed at batch widths 1, 2, 4, ... batch_size once per generate, the
+    # fastest taken per width; true/false: W @ x^T always/never. Changes float rounding only.
+    cpu_few_row_linear: bool | Literal["auto"] = "auto"
     shard_size: int = field(default=64, metadata=bounds(ge=1))
     topk_logprobs: int = field(default=0, metadata=bounds(ge=0))  # 0: store none
     max_prompt_tokens: int | None = field(

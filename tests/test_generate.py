@@ -130,6 +130,58 @@ def test_topk_logprobs_are_the_teacher_distribution_for_each_completion_token(mo
         assert stored_ids[:, 0].tolist() == c.token_ids
 
 
+def test_decode_forms_are_chosen_at_timed_widths_and_cover_every_batch_width(model, monkeypatch):
+    """auto times the forms at 1, 2, 4, ... batch_size and each width 1..batch_size takes the
+    choice of the widest timed width at or below it; false times nothing; true is W @ x^T."""
+    from draftsmith.data import hf_backend
+    from draftsmith.evaluate import timing
+
+    asked = []
+
+    def fake_choice(m, context, widths, repeats):
+        asked.append(list(widths))
+        return {"forms": {"4": "W@x^T", "12": "packed"}, "ms": {}, "repeats": repeats}
+
+    monkeypatch.setattr(timing, "choose_linear_forms", fake_choice)
+    forms = hf_backend.decode_linear_forms(model, DataConfig(batch_size=12), vocab=300)
+    assert asked == [[1, 2, 4, 8, 12]]
+    assert forms == {4: "W@x^T", 5: "W@x^T", 6: "W@x^T", 7: "W@x^T", 12: "packed"}
+    assert hf_backend.decode_linear_forms(model, DataConfig(cpu_few_row_linear=False), 300) == {}
+    on = hf_backend.decode_linear_forms(
+        model, DataConfig(batch_size=3, cpu_few_row_linear=True), 300
+    )
+    assert on == {2: "W@x^T", 3: "W@x^T"} and len(asked) == 1
+
+
+def test_decode_steps_take_the_chosen_form_and_keep_their_tokens(model, tok, monkeypatch):
+    """With W @ x^T at every decode width the backend writes the same completions (greedy)
+    and the same teacher log-probs (to float rounding) as with F.linear, and the form is
+    really taken: at the batch's widths as its rows finish, never at a prefill's."""
+    import draftsmith.fast_linear as fl
+
+    widths = []
+    real = fl.few_row_linear
+
+    def spy(x, w, b=None):
+        widths.append(x.numel() // w.shape[1])
+        return real(x, w, b)
+
+    monkeypatch.setattr(fl, "few_row_linear", spy)
+    prompts = prompts_of(tok)
+    plain = backend(model, tok, topk_logprobs=5).generate(prompts, seed=0)
+    assert widths == []
+    dcfg = DataConfig(max_new_tokens=12, batch_size=4, topk_logprobs=5)
+    forms = {w: "W@x^T" for w in range(1, 5)}
+    few = HFBackend(model, tok, dcfg, linear_forms=forms).generate(prompts, seed=0)
+    for a, b in zip(plain, few):
+        assert a[0].token_ids == b[0].token_ids
+        torch.testing.assert_close(
+            torch.tensor(a[0].topk_logprobs), torch.tensor(b[0].topk_logprobs), atol=1e-4, rtol=0
+        )
+    assert widths and set(widths) <= {2, 3, 4}  # width 1 is padded to 2 rows
+    assert not any("forward" in vars(m) for m in model.modules())  # restored after
+
+
 def test_generation_stops_at_eos_and_padding_never_leaks(model, tok):
     prompts = prompts_of(tok)
     free = [c[0].token_ids for c in backend(model, tok).generate(prompts, seed=0)]
