@@ -166,6 +166,7 @@ def _trainer_with_scaler(scaler):
         history=[],
         cpu_seconds=0.0,
         tokens_seen=0,
+        heldout_losses={},
         optimizer=opt,
         scheduler=sched,
         accelerator=SimpleNamespace(scaler=scaler),
