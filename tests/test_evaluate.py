@@ -912,11 +912,16 @@ def _bf16(run_dir: Path, **evaluate):
 
 def test_bf16_near_ties_are_recorded_not_errors(run_dir, capsys):
     """In bf16 the perfect draft (the target's own weights) leaves the target's greedy output
-    on one of the 5 prompts: a 1-token decode and a 4-token verify pass round a near-tie
-    differently. The check asks the target: recorded as a tie, the run goes on."""
+    on one of the 5 prompts on CPUs with native bf16 matmuls: a 1-token decode and a 4-token
+    verify pass round a near-tie differently. The check asks the target: recorded as a tie,
+    the run goes on. Where bf16 is emulated through fp32 (an AVX2-only CPU) both passes round
+    alike and no prompt diverges; every divergence must still be a recorded tie."""
+    from draftsmith.models import cpu_has_native_bf16
+
     run_evaluate(_bf16(run_dir))  # on_mismatch: error
     row = _by(_board(run_dir), "engine")["checkpoint-8"]
-    assert row["lossless_match_rate"] == 0.8 and row["lossless_ties"] == 1
+    assert row["lossless_match_rate"] == 1 - row["lossless_ties"] / 5  # each miss is a tie
+    assert row["lossless_ties"] == (1 if cpu_has_native_bf16() else 0)
     assert _by(_board(run_dir), "engine")["checkpoint-0"]["lossless_ties"] == 0
     assert "WARNING" not in capsys.readouterr().out
 
