@@ -198,11 +198,11 @@ def timed_widths(batch_size: int) -> list[int]:
     )
 
 
-def forms_by_width(chosen: dict, batch_size: int) -> dict[int, str]:
-    """{rows: form} for every decode width 1..batch_size from the timed widths' choice
+def forms_by_width(chosen: dict, timed: list[int]) -> dict[int, str]:
+    """{rows: form} for every decode width 1..max(timed) from the timed widths' choice
     ({width as str: form}, F.linear where absent): a width takes the choice of the widest timed
     width at or below it (a batch shrinks from batch_size as its rows finish)."""
-    timed = timed_widths(batch_size)
+    batch_size = max(timed)
     forms = {}
     for w in range(1, batch_size + 1):
         anchor = max(t for t in timed if t <= w)
@@ -228,14 +228,15 @@ def decode_linear_forms(model, dcfg: DataConfig, vocab: int) -> dict[int, str]:
     if setting is not True:
         from draftsmith.evaluate.timing import choose_linear_forms
 
+        timed = timed_widths(width)
         context = [t % vocab for t in range(1000, 1128)]  # the cost does not depend on values
-        chosen = choose_linear_forms(model, context, timed_widths(width), repeats=3)["forms"]
+        chosen = choose_linear_forms(model, context, timed, repeats=3)["forms"]
         print(
             "generate: the target's linear layers by decode width (timed faster than "
             f"F.linear): {', '.join(f'{w}: {f}' for w, f in chosen.items()) or 'none'} of "
-            f"widths {timed_widths(width)}; F.linear elsewhere"
+            f"widths {timed}; F.linear elsewhere"
         )
-        return forms_by_width(chosen, width)
+        return forms_by_width(chosen, timed)
     return {w: FEW_ROW for w in few_row_counts(True) if w <= width}
 
 

@@ -155,6 +155,13 @@ def micro_step(tr: Trainer, batch: Batch, global_counts: list[float], on_policy:
     return torch.stack([p.total.detach() for p in parts])
 
 
+def weighted_token_mean(tr: Trainer, totals: torch.Tensor, counts: torch.Tensor) -> float:
+    """The objective from its parts' loss sums and token counts ((m,) each): each part's
+    exact token mean, weighted as the kind weights them."""
+    weights = torch.tensor(tr.kind.loss_weights(tr.cfg), device=totals.device)
+    return float((weights * (totals / counts.clamp(min=1.0))).sum())
+
+
 def train_step(tr: Trainer, step: int) -> dict:
     """One optimizer step over the global batch; returns its metrics."""
     acc, dcfg = tr.accelerator, tr.cfg.distill
@@ -168,9 +175,7 @@ def train_step(tr: Trainer, step: int) -> dict:
         last = j == len(batches) - 1
         with contextlib.nullcontext() if last else acc.no_sync(tr.model):
             total += micro_step(tr, batch, global_counts.tolist(), on_policy)
-    weights = torch.tensor(tr.kind.loss_weights(tr.cfg), device=acc.device)
-    means = acc.reduce(total, "sum") / global_counts.clamp(min=1.0)  # (m,) token means
-    loss = (weights * means).sum().item()
+    loss = weighted_token_mean(tr, acc.reduce(total, "sum"), global_counts)
     if not math.isfinite(loss):
         good = list_checkpoints(tr.checkpoints_dir)
         keep = good[-1][1] if good else "none"
@@ -218,9 +223,7 @@ def measure_heldout(tr: Trainer) -> float | None:
                 counts = counts + torch.tensor(tr.kind.token_counts(tr, batch))
         finally:
             tr.model.train()
-        weights = torch.tensor(tr.kind.loss_weights(tr.cfg))
-        means = totals / counts.clamp(min=1.0)  # (m,) token means per loss part
-        tr.heldout_losses[tr.step] = float((weights * means).sum())
+        tr.heldout_losses[tr.step] = weighted_token_mean(tr, totals, counts)
     return tr.heldout_losses[tr.step]
 
 
@@ -379,7 +382,7 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
             f"distill: {dcfg.heldout_prompts} prompts held out ({len(heldout)} sequences), "
             "their loss measured at every log step and checkpoint"
         )
-    tr = Trainer(
+    return Trainer(
         cfg,
         loss_name,
         acc,
@@ -394,9 +397,8 @@ def setup(cfg: Config, checkpoints_dir: Path, loss_name: str, resume: Path | Non
         checkpoints_dir,
         kind,
         target_config,
+        heldout=heldout,
     )
-    tr.heldout = heldout
-    return tr
 
 
 def _target_config(cfg: Config, target):
