@@ -44,6 +44,9 @@ from draftsmith.rundir import differing_keys, record_config
 from draftsmith.vocab_rows import token_id_count
 
 TOPK_DTYPE = "float32"
+# the decode steps' linear-layer forms as timed (data.cpu_few_row_linear: auto), kept so a
+# resumed generate takes the killed run's choice
+LINEAR_FORMS = "linear_forms.json"
 
 
 # ----------------------------------------------------------------------------- fingerprints
@@ -60,7 +63,7 @@ def settings(cfg: Config) -> dict:
 # ----------------------------------------------------------------------------- backends
 
 
-def make_backend(cfg: Config, tokenizer, model_path: str):
+def make_backend(cfg: Config, tokenizer, model_path: str, data_dir: Path | None = None):
     if cfg.data.backend == "vllm":
         from draftsmith.data.vllm_backend import VllmBackend
 
@@ -71,7 +74,11 @@ def make_backend(cfg: Config, tokenizer, model_path: str):
 
     device = pick_device(cfg.run.device)
     model = load_target(cfg.target, device, pick_batch_dtype(cfg.target, device))
-    forms = decode_linear_forms(model, cfg.data, token_id_count(tokenizer))
+    from draftsmith.evaluate.native import fingerprint
+
+    record = data_dir / LINEAR_FORMS if data_dir is not None else None
+    vocab = token_id_count(tokenizer)
+    forms = decode_linear_forms(model, cfg.data, vocab, record, fingerprint(model_path))
     return HFBackend(model, tokenizer, cfg.data, linear_forms=forms)
 
 
@@ -119,7 +126,7 @@ def generate_shards(
         return
     done_prompts = sum(len(plan[i]) for i in range(len(plan)) if i not in todo)
     print(f"generate: {len(todo)} of {len(plan)} shards to go ({cfg.data.backend} backend)")
-    backend = make_backend(cfg, tokenizer, model_path)
+    backend = make_backend(cfg, tokenizer, model_path, data_dir)
     bar = tqdm(total=sum(map(len, plan)), initial=done_prompts, unit="prompt", desc="generate")
     tokens, t0 = 0, time.perf_counter()
 

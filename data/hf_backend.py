@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from pathlib import Path
+
 import torch
 
 from draftsmith.config import DataConfig
@@ -212,7 +214,9 @@ def forms_by_width(chosen: dict, timed: list[int]) -> dict[int, str]:
     return forms
 
 
-def decode_linear_forms(model, dcfg: DataConfig, vocab: int) -> dict[int, str]:
+def decode_linear_forms(
+    model, dcfg: DataConfig, vocab: int, record: Path | None = None, target_key: str = ""
+) -> dict[int, str]:
     """{rows: form} for the target's linear layers in decode steps (data.cpu_few_row_linear).
 
     A decode step multiplies every weight by one row per live sequence, the few-row shape
@@ -220,19 +224,35 @@ def decode_linear_forms(model, dcfg: DataConfig, vocab: int) -> dict[int, str]:
     each form timed on the target at the widths timed_widths names (evaluate's
     choose_linear_forms, a 128-token context) and the fastest taken per width; prefills and
     scoring (hundreds of rows) keep F.linear. GPUs keep F.linear.
+
+    The choice is kept in `record` (the run's data dir) with what it was timed for (target,
+    dtype, machine, widths): a resumed generate on the same machine takes the same forms, so
+    its shards round like the killed run's rather than like a fresh timing's pick.
     """
     setting = dcfg.cpu_few_row_linear
     if next(model.parameters()).device.type != "cpu" or setting is False:
         return {}
     width = dcfg.batch_size
     if setting is not True:
+        from draftsmith.evaluate.board import hardware
+        from draftsmith.evaluate.native import load_cached
         from draftsmith.evaluate.timing import choose_linear_forms
+        from draftsmith.io import atomic_write_json
 
         timed = timed_widths(width)
-        context = [t % vocab for t in range(1000, 1128)]  # the cost does not depend on values
-        chosen = choose_linear_forms(model, context, timed, repeats=3)["forms"]
+        dtype = str(next(model.parameters()).dtype)
+        settings = {"target": target_key, "dtype": dtype, "hardware": hardware(), "widths": timed}
+        kept = load_cached(record, settings) if record is not None else None
+        if kept is None:
+            context = [t % vocab for t in range(1000, 1128)]  # the cost does not depend on values
+            chosen = choose_linear_forms(model, context, timed, repeats=3)["forms"]
+            if record is not None:
+                atomic_write_json(record, {"settings": settings, "forms": chosen})
+        else:
+            chosen = kept["forms"]
+        how = "timed" if kept is None else f"as timed before on this machine ({record.name})"
         print(
-            "generate: the target's linear layers by decode width (timed faster than "
+            f"generate: the target's linear layers by decode width ({how} faster than "
             f"F.linear): {', '.join(f'{w}: {f}' for w, f in chosen.items()) or 'none'} of "
             f"widths {timed}; F.linear elsewhere"
         )

@@ -280,8 +280,9 @@ def _separated(a: dict, b: dict, key: str, spread: str | None) -> bool:
 
 
 def rank_ks(sweep: list[dict], key: str, spread: str | None) -> dict | None:
-    """{"k", "by", "clear", "runner_up"}: the k with the highest `key` (ties: the smaller k);
-    clear unless its spread overlaps the runner-up's. None when no entry has `key`."""
+    """{"k", "value", "by", "clear", "runner_up", ...}: the k with the highest `key` (its
+    `value`; ties: the smaller k); clear unless its spread overlaps the runner-up's. None
+    when no entry has `key`."""
     pool = sorted(
         (s for s in sweep if s.get(key) is not None),
         key=lambda s: (
@@ -296,6 +297,7 @@ def rank_ks(sweep: list[dict], key: str, spread: str | None) -> dict | None:
     second = pool[1] if len(pool) > 1 else None
     return {
         "k": pool[0]["k"],
+        "value": pool[0][key],  # its figure: a speedup over the target alone
         "stop_threshold": pool[0].get("stop_threshold"),  # None: a fixed k
         "second_choice_min": pool[0].get("second_choice_min"),  # None: a chain
         "by": key,
@@ -309,13 +311,14 @@ def recommend_k(sweep: list[dict]) -> dict:
     """The k to serve with: the highest modelled speedup with the timed verify cost (the
     measured speedup only where no model figure exists: vLLM), ties to the smaller k.
 
-    Returns {"k", "by", "clear", "runner_up", "wall_clock", "dynamic"}: `k` is the best
-    fixed k (what vLLM's speculative_config takes); `by` names the figure that chose;
-    `clear` is False when the spreads are too wide to rank the winner above the runner-up;
-    `wall_clock` ranks the measured speedups the same way, reported beside the
-    recommendation, not used for it; `dynamic` is the best point with dynamic lookahead or
-    second-choice leaves ({"k", "stop_threshold", "second_choice_min", ...}) when one ranks
-    above every fixed k, else None.
+    Returns {"k", "by", "value", "clear", "runner_up", "wall_clock", "dynamic", "pays"}:
+    `k` is the best fixed k (what vLLM's speculative_config takes); `by` names the figure
+    that chose and `value` is k's; `clear` is False when the spreads are too wide to rank the
+    winner above the runner-up; `wall_clock` ranks the measured speedups the same way,
+    reported beside the recommendation, not used for it; `dynamic` is the best point with
+    dynamic lookahead or second-choice leaves ({"k", "stop_threshold", "second_choice_min",
+    ...}) when one ranks above every fixed k, else None; `pays` is False when even the best
+    point of the sweep is no faster than the target alone by that figure.
     """
     fixed = [s for s in sweep if is_fixed_k(s)]
     for key, spread in K_RULES:
@@ -324,7 +327,12 @@ def recommend_k(sweep: list[dict]) -> dict:
             overall = rank_ks(sweep, key, spread)
             dynamic = None if is_fixed_k(overall) else overall
             wall = rank_ks(fixed, "speedup", "speedup_iqr")
-            return {**choice, "wall_clock": wall, "dynamic": dynamic}
+            # Whether speculative decoding pays at all: the best point of the sweep, fixed or
+            # not, by the figure that chose. Where a verify pass over k+1 tokens costs several
+            # decode steps (emulated bf16, a compute-bound CPU) no k does, and the one to
+            # serve with is none.
+            pays = overall["value"] > 1.0
+            return {**choice, "wall_clock": wall, "dynamic": dynamic, "pays": pays}
     # nothing timed at all (no tokens decoded): the first k swept, marked unranked
     first = fixed[0] if fixed else sweep[0]
     return {
@@ -334,12 +342,13 @@ def recommend_k(sweep: list[dict]) -> dict:
         "runner_up": None,
         "wall_clock": None,
         "dynamic": None,
+        "pays": None,  # not known: nothing timed
     }
 
 
 def recommend_k_by_category(sweep: list[dict]) -> dict:
     """{category: {"k", "by", "clear", "runner_up", "alpha", "modelled_speedup_verify",
-    "speedup"}}: recommend_k's rule applied to each category's own fixed-k points
+    "speedup", "pays"}}: recommend_k's rule applied to each category's own fixed-k points
     (category_points), for a server that sees mostly one kind of content. Acceptance
     differs by content (code is re-typed, prose is not), so the best k does too; the costs
     are the run's. {} when the sweep has no categories (one-category sets, vLLM)."""
@@ -357,7 +366,8 @@ def recommend_k_by_category(sweep: list[dict]) -> dict:
             if choice is not None:
                 best = next(p for p in points if p["k"] == choice["k"])
                 figures = ("alpha", "modelled_speedup_verify", "speedup", "engine_prompts")
-                out[cat] = {**choice, **{f: best.get(f) for f in figures}}
+                pays = choice["value"] > 1.0
+                out[cat] = {**choice, **{f: best.get(f) for f in figures}, "pays": pays}
                 break
     return out
 

@@ -221,11 +221,8 @@ def format_recommendation(board: dict) -> str:
     k = board["recommended_k"]
     if not rec.get("by"):
         return f"recommended k = {k}"
-    how = {
-        "modelled_speedup_verify": "the modelled speedup (acceptance per k x timed costs)",
-        "speedup": "the measured speedup",
-        "modelled_speedup": "the modelled speedup",
-    }[rec["by"]]
+    figure = "the measured speedup" if rec["by"] == "speedup" else "the modelled speedup"
+    how = figure + (" (acceptance per k x timed costs)" * (rec["by"] == "modelled_speedup_verify"))
     line = f"recommended k = {k}, by {how}"
     if rec.get("runner_up") is not None:
         line += (
@@ -237,8 +234,17 @@ def format_recommendation(board: dict) -> str:
     wall = rec.get("wall_clock")
     if wall and rec["by"] != "speedup":
         verdict = "clear" if wall["clear"] else "spread too wide to rank"
-        line += f". Wall clock ranks k={wall['k']} first ({verdict})"
+        at = f" at {wall['value']:.2f}x" if wall.get("value") is not None else ""
+        line += f". Wall clock ranks k={wall['k']} first{at} ({verdict})"
     dyn = rec.get("dynamic")
+    if rec.get("pays") is False:
+        best = dyn or rec
+        return line + (
+            f". No point of the sweep is faster than the target alone: the best, "
+            f"{sweep_label(best)}, is {best['value']:.2f}x by {figure}. On this "
+            "machine serve the target without a draft: its steps and the verify forward "
+            "cost more than the tokens it gets accepted save"
+        )
     if dyn:
         how = []
         if dyn.get("stop_threshold") is not None:
@@ -293,9 +299,10 @@ def format_category_ks(board: dict) -> list[str]:
         if r.get("speedup") is not None:
             n = r.get("engine_prompts")
             measured = f", measured {r['speedup']:.2f}x on {n} prompt{'s' * (n != 1)}"
+        loses = "; no k is faster than the target alone" if r.get("pays") is False else ""
         lines.append(
             f"  {cat}: k={r['k']} (alpha {_cell(r.get('alpha'), '{:.3f}')}, modelled "
-            f"{_cell(r.get('modelled_speedup_verify'), '{:.2f}x')}{measured}{runner})"
+            f"{_cell(r.get('modelled_speedup_verify'), '{:.2f}x')}{measured}{runner}{loses})"
         )
     return lines
 

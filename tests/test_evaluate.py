@@ -27,7 +27,7 @@ from draftsmith.evaluate.ranking import (
     recommend_k_by_category,
 )
 from draftsmith.evaluate.records import LeaderboardRow, MetricSummary, rows_from_dicts, sweep_label
-from draftsmith.evaluate.report import format_limits, format_recommendation
+from draftsmith.evaluate.report import format_category_ks, format_limits, format_recommendation
 from draftsmith.evaluate.stage import run_evaluate
 
 PROMPTS = [
@@ -462,6 +462,7 @@ def test_recommended_k_follows_the_modelled_optimum_not_the_wall_clock():
     # the wall clock would pick k=1, and its spread says it cannot rank
     assert rec["wall_clock"] == {
         "k": 1,
+        "value": 1.44,
         "stop_threshold": None,
         "second_choice_min": None,
         "by": "speedup",
@@ -470,6 +471,7 @@ def test_recommended_k_follows_the_modelled_optimum_not_the_wall_clock():
         "runner_up_stop_threshold": None,
     }
     assert rec["dynamic"] is None  # no dynamic-lookahead point was swept
+    assert (rec["value"], rec["pays"]) == (1.25, True)
     # overlapping model spreads: same k, flagged; an exact tie goes to the smaller k
     sweep[0]["modelled_speedup_iqr"] = [1.05, 1.23]
     assert recommend_k(sweep)["k"] == 2 and recommend_k(sweep)["clear"] is False
@@ -478,6 +480,46 @@ def test_recommended_k_follows_the_modelled_optimum_not_the_wall_clock():
     # nothing modelled (the vLLM backend): the measured speedup chooses
     vllm = [{"k": 1, "speedup": 1.2}, {"k": 4, "speedup": 1.6}, {"k": 8, "speedup": 1.4}]
     assert recommend_k(vllm)["k"] == 4 and recommend_k(vllm)["by"] == "speedup"
+
+
+def test_a_sweep_where_no_k_beats_the_target_alone_says_to_serve_without_a_draft():
+    """A compute-bound verify (an AVX2 CPU emulating bf16: 5 tokens cost 3.5 decode steps)
+    makes every k lose; the recommendation still names the least bad k, and says it loses."""
+    c, ks = 0.23, [1, 2, 3, 4]
+    v = {1: 1.57, 2: 2.26, 3: 2.91, 4: 3.52}  # verify cost per k, in target decode steps
+    sweep = [
+        _point(k, _closed_form(0.75, k, c, v[k]), None, 0.6 - 0.05 * k, [0.5, 0.7]) for k in ks
+    ]
+    rec = recommend_k(sweep)
+    assert rec["k"] == 1 and rec["pays"] is False
+    assert rec["value"] == pytest.approx(_closed_form(0.75, 1, c, 1.57))  # 0.97x
+    line = format_recommendation({"recommended_k": 1, "k_recommendation": rec})
+    assert "No point of the sweep is faster than the target alone" in line
+    assert f"k=1, is {rec['value']:.2f}x by the modelled speedup" in line
+    assert "serve the target without a draft" in line
+    assert "Wall clock ranks k=1 first at 0.55x" in line
+    # a dynamic point that pays makes the sweep pay, though no fixed k does
+    dyn = {**_point(4, 1.02, None, None, None), "stop_threshold": 0.6}
+    assert recommend_k([*sweep, dyn])["pays"] is True
+    # the same verdict per category: one category pays, the other does not
+    for s, k in zip(sweep, ks):
+        s["per_category"] = {
+            "coding": {"alpha": 0.95, "modelled_speedup_verify": _closed_form(0.95, k, c, v[k])},
+            "writing": {"alpha": 0.6, "modelled_speedup_verify": _closed_form(0.6, k, c, v[k])},
+        }
+    by_cat = recommend_k_by_category(sweep)
+    assert (by_cat["coding"]["pays"], by_cat["writing"]["pays"]) == (True, False)
+    lines = format_category_ks({"k_by_category": by_cat})
+    assert [line.endswith("no k is faster than the target alone)") for line in lines[1:]] == [
+        False,
+        True,
+    ]
+    # where the best point pays, nothing is said about serving without a draft
+    sweep[0]["modelled_speedup_verify"] = 1.2
+    rec = recommend_k(sweep)
+    assert rec["pays"] is True
+    line = format_recommendation({"recommended_k": 1, "k_recommendation": rec})
+    assert "without a draft" not in line
 
 
 def _closed_form(a: float, k: int, c: float, v: float) -> float:

@@ -153,6 +153,35 @@ def test_decode_forms_are_chosen_at_timed_widths_and_cover_every_batch_width(mod
     assert on == {2: "W@x^T", 3: "W@x^T"} and len(asked) == 1
 
 
+def test_the_decode_forms_timed_once_are_kept_for_a_resumed_generate(model, monkeypatch, tmp_path):
+    """The choice is written beside the shards with what it was timed for; a rerun on the same
+    machine takes it without timing (a fresh timing could pick otherwise and round the
+    resumed shards differently), and a changed batch width or machine times again."""
+    from draftsmith.data import hf_backend
+    from draftsmith.evaluate import board, timing
+
+    picks = iter([{"2": "W@x^T"}, {"1": "W@x^T"}, {"4": "W@x^T"}])
+    asked = []
+
+    def fake_choice(m, context, widths, repeats):
+        asked.append(list(widths))
+        return {"forms": next(picks), "ms": {}, "repeats": repeats}
+
+    monkeypatch.setattr(timing, "choose_linear_forms", fake_choice)
+    record = tmp_path / "linear_forms.json"
+
+    def forms(batch_size=4):
+        dcfg = DataConfig(batch_size=batch_size)
+        return hf_backend.decode_linear_forms(model, dcfg, 300, record, target_key="t")
+
+    assert forms() == {2: "W@x^T", 3: "W@x^T"} and len(asked) == 1
+    assert json.loads(record.read_text())["forms"] == {"2": "W@x^T"}
+    assert forms() == {2: "W@x^T", 3: "W@x^T"} and len(asked) == 1  # kept, not timed again
+    assert forms(batch_size=2) == {1: "W@x^T"} and asked[-1] == [1, 2]  # timed again
+    monkeypatch.setattr(board, "hardware", lambda: "cpu: another one, 2 threads")
+    assert forms(batch_size=2) == {} and len(asked) == 3  # timed again: {"4": ...} is past 2
+
+
 def test_decode_steps_take_the_chosen_form_and_keep_their_tokens(model, tok, monkeypatch):
     """With W @ x^T at every decode width the backend writes the same completions (greedy)
     and the same teacher log-probs (to float rounding) as with F.linear, and the form is
