@@ -17,7 +17,6 @@ second pass.
 from __future__ import annotations
 
 from collections.abc import Callable
-
 from pathlib import Path
 
 import torch
