@@ -307,6 +307,33 @@ def rank_ks(sweep: list[dict], key: str, spread: str | None) -> dict | None:
     }
 
 
+def below_one(point: dict, key: str, spread: str | None) -> bool:
+    """The point's figure is under 1.0x beyond its spread (its interquartile range's top)."""
+    top = point.get(spread) if spread else None
+    return (top[1] if top else point[key]) < 1.0
+
+
+def pays(best: dict, sweep: list[dict]) -> dict:
+    """{"pays", "pays_by"}: whether speculative decoding beats the target alone at all.
+
+    No, when the best point of the sweep (`best`, ranked by the figure that chose) is at or
+    below 1.0x, or when the wall clock's best point ran below 1.0x beyond its spread: the
+    model can miss what a real run pays (each request's prefills, a machine whose verify is
+    compute-bound), and a measured slowdown outranks a modelled gain. Where a verify pass over
+    k+1 tokens costs several decode steps (emulated bf16 on an AVX2 CPU) no k pays, and the
+    draft to serve with is none."""
+    if best["value"] <= 1.0:
+        return {"pays": False, "pays_by": best["by"]}
+    timed = [s for s in sweep if s.get("speedup") is not None]
+    if timed and best["by"] != "speedup":
+        top = max(timed, key=lambda s: s["speedup"])
+        if below_one(top, "speedup", "speedup_iqr"):
+            keys = ("k", "stop_threshold", "second_choice_min")
+            measured = {**{key: top.get(key) for key in keys}, "value": top["speedup"]}
+            return {"pays": False, "pays_by": "speedup", "measured": measured}
+    return {"pays": True, "pays_by": best["by"]}
+
+
 def recommend_k(sweep: list[dict]) -> dict:
     """The k to serve with: the highest modelled speedup with the timed verify cost (the
     measured speedup only where no model figure exists: vLLM), ties to the smaller k.
@@ -317,8 +344,8 @@ def recommend_k(sweep: list[dict]) -> dict:
     winner above the runner-up; `wall_clock` ranks the measured speedups the same way,
     reported beside the recommendation, not used for it; `dynamic` is the best point with
     dynamic lookahead or second-choice leaves ({"k", "stop_threshold", "second_choice_min",
-    ...}) when one ranks above every fixed k, else None; `pays` is False when even the best
-    point of the sweep is no faster than the target alone by that figure.
+    ...}) when one ranks above every fixed k, else None; `pays` is False when no point of the
+    sweep is faster than the target alone (`pays`: by the figure that chose, or measured).
     """
     fixed = [s for s in sweep if is_fixed_k(s)]
     for key, spread in K_RULES:
@@ -327,12 +354,7 @@ def recommend_k(sweep: list[dict]) -> dict:
             overall = rank_ks(sweep, key, spread)
             dynamic = None if is_fixed_k(overall) else overall
             wall = rank_ks(fixed, "speedup", "speedup_iqr")
-            # Whether speculative decoding pays at all: the best point of the sweep, fixed or
-            # not, by the figure that chose. Where a verify pass over k+1 tokens costs several
-            # decode steps (emulated bf16, a compute-bound CPU) no k does, and the one to
-            # serve with is none.
-            pays = overall["value"] > 1.0
-            return {**choice, "wall_clock": wall, "dynamic": dynamic, "pays": pays}
+            return {**choice, "wall_clock": wall, "dynamic": dynamic, **pays(overall, sweep)}
     # nothing timed at all (no tokens decoded): the first k swept, marked unranked
     first = fixed[0] if fixed else sweep[0]
     return {
@@ -366,8 +388,9 @@ def recommend_k_by_category(sweep: list[dict]) -> dict:
             if choice is not None:
                 best = next(p for p in points if p["k"] == choice["k"])
                 figures = ("alpha", "modelled_speedup_verify", "speedup", "engine_prompts")
-                pays = choice["value"] > 1.0
-                out[cat] = {**choice, **{f: best.get(f) for f in figures}, "pays": pays}
+                # by the model alone: a category's wall clock is one or two prompts' reading
+                faster = choice["value"] > 1.0
+                out[cat] = {**choice, **{f: best.get(f) for f in figures}, "pays": faster}
                 break
     return out
 

@@ -238,10 +238,11 @@ def format_recommendation(board: dict) -> str:
         line += f". Wall clock ranks k={wall['k']} first{at} ({verdict})"
     dyn = rec.get("dynamic")
     if rec.get("pays") is False:
-        best = dyn or rec
+        best = rec.get("measured") or dyn or rec
+        by = "the wall clock (its interquartile range below 1.0x)" if "measured" in rec else figure
         return line + (
             f". No point of the sweep is faster than the target alone: the best, "
-            f"{sweep_label(best)}, is {best['value']:.2f}x by {figure}. On this "
+            f"{sweep_label(best)}, is {best['value']:.2f}x by {by}. On this "
             "machine serve the target without a draft: its steps and the verify forward "
             "cost more than the tokens it gets accepted save"
         )
