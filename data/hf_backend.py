@@ -234,22 +234,21 @@ def decode_linear_forms(
     width = dcfg.batch_size
     if setting is not True:
         from draftsmith.evaluate.board import hardware
-        from draftsmith.evaluate.native import load_cached
+        from draftsmith.evaluate.native import cached_json
         from draftsmith.evaluate.timing import choose_linear_forms
-        from draftsmith.io import atomic_write_json
 
-        timed = timed_widths(width)
+        timed, timed_now = timed_widths(width), []
+
+        def time_forms() -> dict:
+            timed_now.append(True)
+            context = [t % vocab for t in range(1000, 1128)]  # the cost does not depend on values
+            return {"forms": choose_linear_forms(model, context, timed, repeats=3)["forms"]}
+
         dtype = str(next(model.parameters()).dtype)
         settings = {"target": target_key, "dtype": dtype, "hardware": hardware(), "widths": timed}
-        kept = load_cached(record, settings) if record is not None else None
-        if kept is None:
-            context = [t % vocab for t in range(1000, 1128)]  # the cost does not depend on values
-            chosen = choose_linear_forms(model, context, timed, repeats=3)["forms"]
-            if record is not None:
-                atomic_write_json(record, {"settings": settings, "forms": chosen})
-        else:
-            chosen = kept["forms"]
-        how = "timed" if kept is None else f"as timed before on this machine ({record.name})"
+        data = time_forms() if record is None else cached_json(record, settings, time_forms)
+        chosen = data["forms"]
+        how = "timed" if timed_now else f"as timed before on this machine ({record.name})"
         print(
             f"generate: the target's linear layers by decode width ({how} faster than "
             f"F.linear): {', '.join(f'{w}: {f}' for w, f in chosen.items()) or 'none'} of "

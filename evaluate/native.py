@@ -107,6 +107,16 @@ def load_cached(path: Path, settings: dict) -> dict | None:
     return data if data.get("settings") == settings else None
 
 
+def cached_json(path: Path, settings: dict, make) -> dict:
+    """The file's data when its settings match, else make() written there (atomically)."""
+    hit = load_cached(path, settings)
+    if hit is not None:
+        return hit
+    data = {"settings": settings, **make()}
+    atomic_write_json(path, data)
+    return data
+
+
 def prompt_seed(seed: int, prompt_id) -> int:
     """A per-prompt seed that does not depend on which other prompts are evaluated."""
     return zlib.crc32(f"{seed}:{prompt_id}".encode())
@@ -242,15 +252,6 @@ class NativeEvaluator:
         (evaluate.draft_weights changes its proposals and its cost, not the target's)."""
         return {"draft": fingerprint(draft.ref), "draft_weights": self.cfg.evaluate.draft_weights}
 
-    def _cached(self, path: Path, settings: dict, make) -> dict:
-        """The file's data when its settings match, else make() written there (atomically)."""
-        hit = load_cached(path, settings)
-        if hit is not None:
-            return hit
-        data = {"settings": settings, **make()}
-        atomic_write_json(path, data)
-        return data
-
     def _eos(self):
         return eos_token_ids(self.models.tokenizer(), self.models.target().generation_config)
 
@@ -300,7 +301,7 @@ class NativeEvaluator:
             repeats = max(5, ev.cost_repeats // 3)
             return timing.choose_linear_forms(self.models.target(), context, widths, repeats)
 
-        data = self._cached(path, settings, make)
+        data = cached_json(path, settings, make)
         chosen = ", ".join(f"{w}: {form}" for w, form in data["forms"].items())
         print(
             f"[evaluate] linear layers by forward width (timed faster than F.linear): "
@@ -337,7 +338,7 @@ class NativeEvaluator:
             decoder = self._decoder(None, 0)
             return {"results": decode_prompts(decoder, prompts, self.cfg, f"target-only {name}")}
 
-        rows = self._cached(path, settings, make)["results"]
+        rows = cached_json(path, settings, make)["results"]
         if not self.sampling.greedy:  # the split reads greedy outcomes along these tokens
             return rows
         probs = self.own_token_probs(name, prompts, rows)
@@ -360,7 +361,7 @@ class NativeEvaluator:
                 ]
             }
 
-        return self._cached(path, settings, make)["results"]
+        return cached_json(path, settings, make)["results"]
 
     # -- the teacher-forced replay (greedy) -------------------------------------------------
 
@@ -396,7 +397,7 @@ class NativeEvaluator:
                 out.append({"id": p["id"], **record})
             return {"results": out}
 
-        results = self._cached(path, settings, make)["results"]
+        results = cached_json(path, settings, make)["results"]
         kill_hook(f"evaluate:{draft.name}:{name}:tf")
         self._passes[key] = results
         return results
@@ -452,7 +453,7 @@ class NativeEvaluator:
 
         # decoded outputs are cached before they are checked: a failed check loses no
         # decoding, and a rerun (e.g. with on_mismatch=warn) checks the same outputs again
-        data = self._cached(path, settings, make)
+        data = cached_json(path, settings, make)
         kill_hook(f"evaluate:{draft.name}:{name}:k{k}")
         rate, ties = None, None  # sampled: no token-for-token check
         if self.sampling.greedy:
@@ -542,7 +543,7 @@ class NativeEvaluator:
                 target, step, context, output, settings["ks"], ev.cost_repeats, forms, draft=model
             )
 
-        return self._cached(path, settings, make)
+        return cached_json(path, settings, make)
 
     def sweep(self, draft: DraftEntry, name: str, prompts: list[dict], base: list[dict]):
         """The k sweep of `draft` on one set: acceptance per k on every prompt (replayed when

@@ -280,9 +280,9 @@ def _separated(a: dict, b: dict, key: str, spread: str | None) -> bool:
 
 
 def rank_ks(sweep: list[dict], key: str, spread: str | None) -> dict | None:
-    """{"k", "value", "by", "clear", "runner_up", ...}: the k with the highest `key` (its
-    `value`; ties: the smaller k); clear unless its spread overlaps the runner-up's. None
-    when no entry has `key`."""
+    """{"k", "value", "iqr", "by", "clear", "runner_up", ...}: the k with the highest `key`
+    (its `value` and spread `iqr`; ties: the smaller k); clear unless its spread overlaps the
+    runner-up's. None when no entry has `key`."""
     pool = sorted(
         (s for s in sweep if s.get(key) is not None),
         key=lambda s: (
@@ -298,6 +298,7 @@ def rank_ks(sweep: list[dict], key: str, spread: str | None) -> dict | None:
     return {
         "k": pool[0]["k"],
         "value": pool[0][key],  # its figure: a speedup over the target alone
+        "iqr": pool[0].get(spread) if spread else None,
         "stop_threshold": pool[0].get("stop_threshold"),  # None: a fixed k
         "second_choice_min": pool[0].get("second_choice_min"),  # None: a chain
         "by": key,
@@ -307,10 +308,10 @@ def rank_ks(sweep: list[dict], key: str, spread: str | None) -> dict | None:
     }
 
 
-def below_one(point: dict, key: str, spread: str | None) -> bool:
-    """The point's figure is under 1.0x beyond its spread (its interquartile range's top)."""
-    top = point.get(spread) if spread else None
-    return (top[1] if top else point[key]) < 1.0
+def below_one(ranked: dict) -> bool:
+    """A rank_ks winner's figure is under 1.0x beyond its spread (its interquartile range's
+    top; the figure itself where it has none)."""
+    return (ranked["iqr"][1] if ranked["iqr"] else ranked["value"]) < 1.0
 
 
 def pays(best: dict, sweep: list[dict]) -> dict:
@@ -324,13 +325,9 @@ def pays(best: dict, sweep: list[dict]) -> dict:
     draft to serve with is none."""
     if best["value"] <= 1.0:
         return {"pays": False, "pays_by": best["by"]}
-    timed = [s for s in sweep if s.get("speedup") is not None]
-    if timed and best["by"] != "speedup":
-        top = max(timed, key=lambda s: s["speedup"])
-        if below_one(top, "speedup", "speedup_iqr"):
-            keys = ("k", "stop_threshold", "second_choice_min")
-            measured = {**{key: top.get(key) for key in keys}, "value": top["speedup"]}
-            return {"pays": False, "pays_by": "speedup", "measured": measured}
+    measured = rank_ks(sweep, "speedup", "speedup_iqr") if best["by"] != "speedup" else None
+    if measured is not None and below_one(measured):
+        return {"pays": False, "pays_by": "speedup", "measured": measured}
     return {"pays": True, "pays_by": best["by"]}
 
 

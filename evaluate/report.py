@@ -222,7 +222,8 @@ def format_recommendation(board: dict) -> str:
     if not rec.get("by"):
         return f"recommended k = {k}"
     figure = "the measured speedup" if rec["by"] == "speedup" else "the modelled speedup"
-    how = figure + (" (acceptance per k x timed costs)" * (rec["by"] == "modelled_speedup_verify"))
+    timed_costs = rec["by"] == "modelled_speedup_verify"
+    how = f"{figure} (acceptance per k x timed costs)" if timed_costs else figure
     line = f"recommended k = {k}, by {how}"
     if rec.get("runner_up") is not None:
         line += (

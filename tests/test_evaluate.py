@@ -463,6 +463,7 @@ def test_recommended_k_follows_the_modelled_optimum_not_the_wall_clock():
     assert rec["wall_clock"] == {
         "k": 1,
         "value": 1.44,
+        "iqr": [0.20, 1.60],
         "stop_threshold": None,
         "second_choice_min": None,
         "by": "speedup",
