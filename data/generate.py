@@ -36,6 +36,7 @@ from draftsmith.models import (
     load_target_generation_config,
     load_target_tokenizer,
     model_fingerprint,
+    model_key,
     pick_batch_dtype,
     pick_device,
     resolve_model,
@@ -74,11 +75,9 @@ def make_backend(cfg: Config, tokenizer, model_path: str, data_dir: Path | None 
 
     device = pick_device(cfg.run.device)
     model = load_target(cfg.target, device, pick_batch_dtype(cfg.target, device))
-    from draftsmith.evaluate.native import fingerprint
-
     record = data_dir / LINEAR_FORMS if data_dir is not None else None
     vocab = token_id_count(tokenizer)
-    forms = decode_linear_forms(model, cfg.data, vocab, record, fingerprint(model_path))
+    forms = decode_linear_forms(model, cfg.data, vocab, record, model_key(model_path))
     return HFBackend(model, tokenizer, cfg.data, linear_forms=forms)
 
 

@@ -233,9 +233,9 @@ def decode_linear_forms(
         return {}
     width = dcfg.batch_size
     if setting is not True:
-        from draftsmith.evaluate.board import hardware
-        from draftsmith.evaluate.native import cached_json
-        from draftsmith.evaluate.timing import choose_linear_forms
+        from draftsmith.fast_linear import choose_linear_forms
+        from draftsmith.io import cached_json
+        from draftsmith.models import hardware
 
         timed, timed_now = timed_widths(width), []
 

@@ -306,7 +306,7 @@ class EvaluateConfig:
     on_mismatch: Literal["error", "warn"] = "error"  # greedy losslessness failures
     # CPU: the linear layers' form per forward width (draftsmith/fast_linear.py). auto: time
     # F.linear, W @ x^T and (bf16) packed weights on the target, per width, once per run and
-    # machine (evaluate/timing.py choose_linear_forms); true/false: W @ x^T always/never.
+    # machine (fast_linear.choose_linear_forms); true/false: W @ x^T always/never.
     cpu_few_row_linear: bool | Literal["auto"] = "auto"
     # Native engine on CPU: decode the draft with its weights rounded to int8 (per output row)
     # or int4 (per group of 32 inputs), activations bf16 (draftsmith/quant_draft.py). The

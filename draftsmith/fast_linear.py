@@ -7,7 +7,7 @@ CPU BLAS behind torch can run it well below memory speed; the same product writt
 times x transposed can stream the weights once. Which form is faster depends on the CPU,
 its BLAS and the dtype, even between machines of one kind (the README's per-q cost tables
 have the measurements). So the form is chosen per forward width by timing the forms on the
-target (evaluate/timing.py choose_linear_forms, what evaluate.cpu_few_row_linear=auto does);
+target (`choose_linear_forms` below, what evaluate.cpu_few_row_linear=auto does);
 `scripts/bench_linear.py` and `scripts/bench_costs.py` measure them side by side on the
 machine at hand.
 
@@ -40,12 +40,14 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import MethodType
 
 import torch
 import torch.nn.functional as F
+
+from draftsmith.clock import Step, cached_forward, interleaved, quartiles
 
 MAX_ROWS = 64  # the widest few-row forward the W @ x^T form is ever considered for
 F_LINEAR, FEW_ROW, PACKED = "F.linear", "W@x^T", "packed"
@@ -155,12 +157,12 @@ def _forward_for(forms):
 
 class FormSwitch(dict):
     """A mutable {row count: form}, read by the patched forwards at every call: a benchmark
-    switches forms without patching again (evaluate/timing.py choose_linear_forms)."""
+    switches forms without patching again (`choose_linear_forms` below)."""
 
 
 def linear_forms(enabled) -> dict[int, str]:
     """{row count: form} from `enabled`: a mapping (a per-machine choice,
-    timing.choose_linear_forms; JSON's string keys accepted), a FormSwitch (itself), or the
+    choose_linear_forms; JSON's string keys accepted), a FormSwitch (itself), or the
     W @ x^T widths few_row_counts reads (True, False/None, a collection)."""
     if isinstance(enabled, FormSwitch):
         return enabled
@@ -215,3 +217,59 @@ def cpu_few_row_linear(*models, enabled=True) -> Iterator[None]:
     finally:
         for m in patched:
             del m.forward
+
+
+# ----------------------------------------------------------------------------- choosing by timing
+
+
+def in_form(step: Step, switch: FormSwitch, width: int, form: str) -> Step:
+    """`step` (a forward `width` tokens wide) run with its linear layers in `form`: the
+    switch is set just before the run, inside a cpu_few_row_linear(..., enabled=switch)."""
+    run, reset = step
+
+    def switched() -> None:
+        switch.clear()
+        switch[width] = form
+        run()
+
+    return switched, reset
+
+
+@torch.inference_mode()
+def choose_linear_forms(
+    model, context: Sequence[int], widths: Sequence[int], repeats: int, margin: float = 0.03
+) -> dict:
+    """Which form of the linear layers a forward over w tokens should take on this machine,
+    for each width w (a verify pass is k + 1 wide, a decode step 1), by timing them.
+
+    The same cached forward runs through each form (draftsmith/fast_linear.py): F.linear,
+    W @ x^T (one row padded to two at w = 1) and, where the model's weights can be packed
+    (bf16 on CPU), F.linear's oneDNN kernel on weights packed once; interleaved and repeated
+    like the cost timing. Another form is chosen over F.linear only where its median is
+    lower by more than `margin`, the fastest of them where several are. Which one wins
+    depends on the CPU, the BLAS and the dtype: measured, not assumed. Where no width takes
+    the packed form, its copies are freed.
+    Returns {"forms": {w: form}, "ms": {w: {form: ms}}, "repeats"} (w as strings, as in JSON).
+    """
+    widths = sorted({int(w) for w in widths if w >= 1})
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    forms = [F_LINEAR, FEW_ROW] + ([PACKED] if any(packable(m.weight) for m in linears) else [])
+    switch = FormSwitch()
+    feed = (list(context[-1:]) * max(widths, default=1))[: max(widths, default=1)]
+    steps: dict[str, Step] = {}
+    for w in widths:
+        step = cached_forward(model, context, feed[:w])
+        steps |= {f"{form}_{w}": in_form(step, switch, w, form) for form in forms}
+    times = {}
+    if steps:
+        with cpu_few_row_linear(model, enabled=switch):
+            times = interleaved(steps, repeats)
+    ms, chosen = {}, {}
+    for w in widths:
+        ms[str(w)] = {form: 1e3 * quartiles(times[f"{form}_{w}"])[1] for form in forms}
+        best = min(forms, key=lambda form: ms[str(w)][form])
+        if ms[str(w)][best] < ms[str(w)][F_LINEAR] * (1 - margin):
+            chosen[str(w)] = best
+    if PACKED not in chosen.values():
+        drop_packed(model)
+    return {"forms": chosen, "ms": ms, "repeats": repeats}

@@ -226,3 +226,28 @@ def checked_read_jsonl(path: str | Path, fix: str) -> list[Any]:
         except json.JSONDecodeError as e:
             raise corrupt_file(path, f"line {i} is truncated or not JSON ({e.msg})", fix) from None
     return records
+
+
+# ----------------------------------------------------------------------------- settings-keyed caches
+
+
+def load_cached(path: Path, settings: dict) -> dict | None:
+    """The JSON at `path` when it was made under `settings` (its "settings" key), else None
+    (missing, unreadable or made under others)."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    return data if data.get("settings") == settings else None
+
+
+def cached_json(path: Path, settings: dict, make) -> dict:
+    """The file's data when its settings match, else make() written there (atomically)."""
+    hit = load_cached(path, settings)
+    if hit is not None:
+        return hit
+    data = {"settings": settings, **make()}
+    atomic_write_json(path, data)
+    return data

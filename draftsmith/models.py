@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,6 +276,15 @@ def cpu_description(cpuinfo: str | None = None) -> str | None:
     return f"{name} ({', '.join(have)})" if have else name
 
 
+def hardware() -> str:
+    """The machine a timing belongs to: the GPU, or the CPU (cpu_description) and the torch
+    threads. Timed choices and costs are cached under it and measured again elsewhere."""
+    if torch.cuda.is_available():
+        return f"cuda: {torch.cuda.get_device_name(0)}"
+    cpu = cpu_description() or platform.processor() or platform.machine()
+    return f"cpu: {cpu}, {torch.get_num_threads()} threads"
+
+
 # The keys that set the dtype of many-row matmuls outright (auto picks float32 on such a
 # CPU itself): the target's batched work and the draft's training weights.
 BF16_KEYS = ("target.batch_dtype", "draft.dtype")
@@ -457,6 +467,11 @@ def model_fingerprint(path: str) -> str | None:
             fh.seek(max(0, size - (1 << 20)))
             h.update(fh.read())
     return "sha256-quick:" + h.hexdigest()
+
+
+def model_key(ref: str) -> str:
+    """A model's content fingerprint; a hub id or registry name stands for itself."""
+    return model_fingerprint(ref) or ref
 
 
 def check_tokenizers_compatible(

@@ -7,18 +7,15 @@ k sweep and the comparisons that evaluate/stage.py writes out.
 
 from __future__ import annotations
 
-import platform
-
-import torch
 from tqdm.auto import tqdm
 
+from draftsmith.clock import quartiles
 from draftsmith.config import Config
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import metrics
 from draftsmith.evaluate.ranking import draft_path, pick_best, rankable
 from draftsmith.evaluate.records import DraftEntry, LeaderboardRow, MetricSummary, summary_args
 from draftsmith.kinds import kind_of
-from draftsmith.models import cpu_description
 
 # ----------------------------------------------------------------------------- rows and ranking
 
@@ -39,7 +36,7 @@ def build_row(
     ids, for the echo split)."""
     engine = measured_by == "engine"
     speedups = metrics.per_prompt_speedups(results, base) if engine else []
-    q = metrics.quartiles(speedups) if speedups else None
+    q = quartiles(speedups) if speedups else None
     ids = [p["prompt_ids"] for p in prompts] if prompts is not None else None
     categories = [r["category"] for r in results]
     per_category = metrics.per_category(results, base, categories, k, ids)
@@ -63,13 +60,6 @@ def build_row(
         temperature=cfg.evaluate.temperature,
         backend=cfg.evaluate.backend,
     )
-
-
-def hardware() -> str:
-    if torch.cuda.is_available():
-        return f"cuda: {torch.cuda.get_device_name(0)}"
-    cpu = cpu_description() or platform.processor() or platform.machine()
-    return f"cpu: {cpu}, {torch.get_num_threads()} threads"
 
 
 def compared(drafts: list[DraftEntry]) -> list[tuple[DraftEntry, list[DraftEntry]]]:

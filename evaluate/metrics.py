@@ -24,7 +24,6 @@ Definitions (sums over prompts, so long prompts weigh by their tokens, not one v
 from __future__ import annotations
 
 import random
-import statistics
 from collections.abc import Iterable, Sequence
 
 
@@ -339,14 +338,6 @@ def greedy_rounds(agree: Sequence[bool], k: int, budget: int | None = None) -> d
         out["outcome"] += token_outcomes(emitted, reached, min(acc + 1, n - i))
         i += acc + 1
     return out
-
-
-def quartiles(xs: Sequence[float]) -> list[float]:
-    """[q25, median, q75] (inclusive method: a single value gives three equal ones)."""
-    if len(xs) == 1:
-        return [xs[0]] * 3
-    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
-    return [q1, q2, q3]
 
 
 def per_prompt_speedups(spec: Sequence[dict], target_only: Sequence[dict]) -> list[float]:

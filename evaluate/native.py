@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from draftsmith.config import Config
 from draftsmith.evaluate import teacher_forced, timing
-from draftsmith.evaluate.board import build_row, hardware
+from draftsmith.evaluate.board import build_row
 from draftsmith.evaluate.engine import SamplingConfig, SpeculativeDecoder
 from draftsmith.evaluate.prompts import select_prompts
 from draftsmith.evaluate.ranking import (
@@ -36,17 +36,18 @@ from draftsmith.evaluate.ranking import (
     target_tie_gap,
 )
 from draftsmith.evaluate.records import DraftEntry
-from draftsmith.fast_linear import FEW_ROW, FORMS, few_row_counts
-from draftsmith.io import atomic_write_json, kill_hook
+from draftsmith.fast_linear import FEW_ROW, FORMS, choose_linear_forms, few_row_counts
+from draftsmith.io import cached_json, kill_hook
 from draftsmith.kinds import kind_of
 from draftsmith.models import (
     check_tokenizers_compatible,
     eos_token_ids,
+    hardware,
     load_model,
     load_target,
     load_target_tokenizer,
     load_tokenizer,
-    model_fingerprint,
+    model_key,
     pick_device,
     pick_dtype,
     resolve_model,
@@ -55,11 +56,6 @@ from draftsmith.quant_draft import quantize_draft
 from draftsmith.vocab_rows import token_id_count
 
 # ----------------------------------------------------------------------------- cache keys
-
-
-def fingerprint(ref: str) -> str:
-    """A model's content fingerprint; a hub id or registry name stands for itself."""
-    return model_fingerprint(ref) or ref
 
 
 def prompts_key(prompts: list[dict]) -> str:
@@ -71,7 +67,7 @@ def run_settings(cfg: Config, prompts: list[dict], target_path: str) -> dict:
     ev = cfg.evaluate
     return {
         "backend": ev.backend,
-        "target": fingerprint(target_path),
+        "target": model_key(target_path),
         "revision": cfg.target.revision,
         "prompts": prompts_key(prompts),
         "max_new_tokens": ev.max_new_tokens,
@@ -95,26 +91,6 @@ def settings_key(settings: dict) -> str:
 
 def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "--", name).strip("-")
-
-
-def load_cached(path: Path, settings: dict) -> dict | None:
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None
-    return data if data.get("settings") == settings else None
-
-
-def cached_json(path: Path, settings: dict, make) -> dict:
-    """The file's data when its settings match, else make() written there (atomically)."""
-    hit = load_cached(path, settings)
-    if hit is not None:
-        return hit
-    data = {"settings": settings, **make()}
-    atomic_write_json(path, data)
-    return data
 
 
 def prompt_seed(seed: int, prompt_id) -> int:
@@ -250,7 +226,7 @@ class NativeEvaluator:
     def draft_settings(self, draft: DraftEntry) -> dict:
         """What identifies a draft's results: its content, and the rounding of its weights
         (evaluate.draft_weights changes its proposals and its cost, not the target's)."""
-        return {"draft": fingerprint(draft.ref), "draft_weights": self.cfg.evaluate.draft_weights}
+        return {"draft": model_key(draft.ref), "draft_weights": self.cfg.evaluate.draft_weights}
 
     def _eos(self):
         return eos_token_ids(self.models.tokenizer(), self.models.target().generation_config)
@@ -285,7 +261,7 @@ class NativeEvaluator:
             return {"forms": forms, "by": "config" if device.type == "cpu" else "device"}
         widths = list(range(1, max([*ev.k_sweep, ev.num_speculative_tokens]) + 2))
         settings = {
-            "target": fingerprint(self.target_path),
+            "target": model_key(self.target_path),
             "dtype": self.cfg.target.dtype,
             "device": self.cfg.run.device,
             "hardware": hardware(),
@@ -299,7 +275,7 @@ class NativeEvaluator:
             vocab = token_id_count(self.models.tokenizer())
             context = [t % vocab for t in range(1000, 1128)]
             repeats = max(5, ev.cost_repeats // 3)
-            return timing.choose_linear_forms(self.models.target(), context, widths, repeats)
+            return choose_linear_forms(self.models.target(), context, widths, repeats)
 
         data = cached_json(path, settings, make)
         chosen = ", ".join(f"{w}: {form}" for w, form in data["forms"].items())

@@ -6,7 +6,7 @@ both import this.
 
 The recommended k rests on what holds still between runs (issue 15: identical runs on this
 shared machine timed k=1 at 0.16x to 1.44x): per-k acceptance, which is deterministic, and
-draft/verify costs measured as medians of interleaved repeats (evaluate/timing.py), through
+draft/verify costs measured as medians of interleaved repeats (evaluate/timing.py, draftsmith/clock.py), through
 the cost-aware model metrics.modelled_speedup(alpha, k, c, v). The wall-clock speedup is
 reported beside it with its spread, never used to choose while a model figure exists.
 """
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.clock import quartiles
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import metrics
 from draftsmith.evaluate.records import DraftEntry, LeaderboardRow, is_fixed_k
@@ -126,7 +127,7 @@ def modelled_quartiles(a: float | None, k: int, costs: dict) -> tuple[list, list
     cs, vs = costs["c"], costs["v"][str(k)]
     plain = [metrics.modelled_speedup(a, k, c) for c in cs]
     verify = [metrics.modelled_speedup(a, k, c, v) for c, v in zip(cs, vs)]
-    return metrics.quartiles(plain), metrics.quartiles(verify)
+    return quartiles(plain), quartiles(verify)
 
 
 def costed_sweep_entry(
@@ -177,10 +178,8 @@ def draft_limits(tokens: float, drafts: float, cs: list[float], vs: list[float])
     a round spent drafting, "modelled_speedup_free_draft": the same rounds with free draft
     steps, the ceiling for any cheaper draft proposing the same tokens}."""
     return {
-        "draft_share": metrics.quartiles(
-            [metrics.draft_share(drafts, c, v) for c, v in zip(cs, vs)]
-        )[1],
-        "modelled_speedup_free_draft": metrics.quartiles(
+        "draft_share": quartiles([metrics.draft_share(drafts, c, v) for c, v in zip(cs, vs)])[1],
+        "modelled_speedup_free_draft": quartiles(
             [metrics.free_draft_speedup(tokens, v) for v in vs]
         )[1],
     }
@@ -251,12 +250,12 @@ def dynamic_sweep_entry(row: LeaderboardRow, costs: dict | None) -> dict:
     swept = sorted(int(k) for k in costs["v"])
     k_v = next((k for k in swept if k >= width), swept[-1])
     cs, vs = costs["c"], costs["v"][str(k_v)]
-    verify = metrics.quartiles([tpf / (d * c + v) for c, v in zip(cs, vs)])
+    verify = quartiles([tpf / (d * c + v) for c, v in zip(cs, vs)])
     entry |= {
         "drafts_per_round": d,
         "draft_cost_ratio": costs["draft_cost_ratio"][1],
         "verify_cost_ratio": costs["verify_cost_ratio"][str(k_v)][1],
-        "modelled_speedup": metrics.quartiles([tpf / (d * c + 1) for c in cs])[1],
+        "modelled_speedup": quartiles([tpf / (d * c + 1) for c in cs])[1],
         "modelled_speedup_verify": verify[1],
         "modelled_speedup_iqr": [verify[0], verify[2]],
         **draft_limits(tpf, d, cs, vs),

@@ -35,12 +35,10 @@ import torch
 from draftsmith.config import Config
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import report, second_turn
-from draftsmith.evaluate.board import check_self_draft, hardware, native_board
+from draftsmith.evaluate.board import check_self_draft, native_board
 from draftsmith.evaluate.native import (
     Models,
     NativeEvaluator,
-    fingerprint,
-    load_cached,
     prompts_key,
     safe_name,
     settings_key,
@@ -53,8 +51,8 @@ from draftsmith.evaluate.prompts import (
     primary_set,
 )
 from draftsmith.evaluate.ranking import recommend_k, recommend_k_by_category
-from draftsmith.io import atomic_write_json, clean_stale_temps
-from draftsmith.models import load_target_config, resolve_model
+from draftsmith.io import atomic_write_json, clean_stale_temps, load_cached
+from draftsmith.models import hardware, load_target_config, model_key, resolve_model
 from draftsmith.rundir import record_config
 
 # ----------------------------------------------------------------------------- eval sets
@@ -68,7 +66,7 @@ def _turn2_sets(cfg: Config, sets: dict, models: Models, results_dir: Path) -> d
         if not asked:
             continue
         settings = {
-            "target": fingerprint(resolve_model(cfg.target.model, "target.model")),
+            "target": model_key(resolve_model(cfg.target.model, "target.model")),
             "revision": cfg.target.revision,
             "dtype": cfg.target.dtype,
             "device": cfg.run.device,

@@ -8,7 +8,7 @@ What speculative decoding costs on the machine at hand: a cached forward over q 
 (q = 1 is a decode step or a draft step, q = k + 1 a verify pass) on a --context-token KV
 cache, for each model, dtype (fp32, bf16) and form of the linear layers
 (draftsmith/fast_linear.py: F.linear; W @ x^T for q > 1; packed weights, bf16 only). Each model and dtype is loaded once; its steps are
-timed interleaved (evaluate/timing.py: every repeat runs every step once, the order rotated)
+timed interleaved (draftsmith/clock.py: every repeat runs every step once, the order rotated)
 and reported as medians, with each width's cost over the same dtype's 1-token forward (v)
 and the draft's 1-token forward over the target's in each dtype pairing (c). Whether bf16
 wins at one row, and which form wins at few rows, differ between CPUs of one kind: this
@@ -22,9 +22,15 @@ import gc
 
 import torch
 
-from draftsmith.evaluate.metrics import quartiles
-from draftsmith.evaluate.timing import Step, cached_forward, in_form, interleaved
-from draftsmith.fast_linear import F_LINEAR, FEW_ROW, PACKED, FormSwitch, cpu_few_row_linear
+from draftsmith.clock import Step, cached_forward, interleaved, quartiles
+from draftsmith.fast_linear import (
+    F_LINEAR,
+    FEW_ROW,
+    PACKED,
+    FormSwitch,
+    cpu_few_row_linear,
+    in_form,
+)
 from draftsmith.models import load_model
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

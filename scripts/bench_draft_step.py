@@ -7,7 +7,7 @@ step, the matmuls alone, and a static-cache step run eagerly and compiled by ind
 
 The draft is loaded and rounded as the evaluate stage decodes it (evaluate.draft_weights:
 draftsmith/quant_draft.py). Five ways of taking one 1-token step on a --context-token
-cache, timed interleaved (evaluate/timing.py; medians), each as a share of the first:
+cache, timed interleaved (draftsmith/clock.py; medians), each as a share of the first:
 - forward: the model's own transformers forward with draftsmith's KV cache (the engine's
   draft step until the fast step);
 - fast step: draftsmith/decode_step.py, the engine's draft step (and the one the evaluate
@@ -35,10 +35,10 @@ import time
 import torch
 import torch.nn.functional as F
 
+from draftsmith.clock import cached_forward, interleaved, quartiles
 from draftsmith.decode_step import fast_step
 from draftsmith.errors import DraftsmithError
-from draftsmith.evaluate.metrics import quartiles
-from draftsmith.evaluate.timing import cached_forward, causal_lm_draft_step, interleaved
+from draftsmith.evaluate.timing import causal_lm_draft_step
 from draftsmith.kv_cache import new_cache
 from draftsmith.models import load_model
 from draftsmith.quant_draft import LAYERS, QuantWeightLinear, quantize_draft

@@ -7,10 +7,10 @@
 What evaluate.draft_weights buys on the machine at hand: the draft loaded once per form
 (as loaded, int8, int4: draftsmith/quant_draft.py, each with the input widths its own
 timing chose), its 1-token cached forward on a --context-token KV cache timed interleaved
-with the others and with the target's own 1-token step (evaluate/timing.py: every repeat
+with the others and with the target's own 1-token step (draftsmith/clock.py: every repeat
 runs every step once, the order rotated; medians), reported as milliseconds, as each form's
 speed over the as-loaded draft, and as c, the draft step over the target step. The target
-takes the one-row form the evaluate stage would time fastest (timing.choose_linear_forms at
+takes the one-row form the evaluate stage would time fastest (fast_linear.choose_linear_forms at
 width 1), so c is over the target at its fastest, as the stage's baseline is; the
 as-loaded draft takes the same form, as in the engine.
 Acceptance is not here: `scripts/estimate_acceptance.py RUN CKPT --draft-weights int8 int4`
@@ -24,14 +24,9 @@ import copy
 
 import torch
 
-from draftsmith.evaluate.metrics import quartiles
-from draftsmith.evaluate.timing import (
-    cached_forward,
-    causal_lm_draft_step,
-    choose_linear_forms,
-    interleaved,
-)
-from draftsmith.fast_linear import cpu_few_row_linear
+from draftsmith.clock import cached_forward, interleaved, quartiles
+from draftsmith.evaluate.timing import causal_lm_draft_step
+from draftsmith.fast_linear import choose_linear_forms, cpu_few_row_linear
 from draftsmith.models import load_model
 from draftsmith.quant_draft import quantize_draft
 

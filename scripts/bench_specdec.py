@@ -138,8 +138,7 @@ def set_prompts(spec: str, tok, n: int) -> list[list[int]]:
 def choose_kernels(target, args) -> dict[str, str]:
     """--few-row: {forward width: form of the linear layers} (auto: each form timed against
     F.linear, as evaluate does; on/off: W @ x^T at every width or none)."""
-    from draftsmith.evaluate.timing import choose_linear_forms
-    from draftsmith.fast_linear import FEW_ROW, few_row_counts
+    from draftsmith.fast_linear import FEW_ROW, choose_linear_forms, few_row_counts
 
     if args.few_row in ("on", "off"):
         return {str(w): FEW_ROW for w in sorted(few_row_counts(args.few_row == "on"))}

@@ -787,7 +787,7 @@ def test_engine_counts_that_differ_from_the_replay_are_an_error_unless_near_tied
 
 
 def _noisy_timer(costs: dict[str, float], seed: int):
-    """timing.time_step returning a step's true cost times seeded noise: lognormal jitter and
+    """clock.time_step returning a step's true cost times seeded noise: lognormal jitter and
     one slow outlier in six, as a shared machine gives."""
     import random
 
@@ -812,11 +812,11 @@ def test_the_same_run_twice_recommends_the_modelled_k_under_noisy_timings(
     """checkpoint-8 accepts everything: the model says (k+1) / (k c + v_k). With a cheap
     draft and verify k=3 wins (2.76x vs 1.74x), with a costly one k=1 (0.83x vs 0.77x); the
     recommendation follows it through noisy clocks, whatever the wall clock measured."""
-    from draftsmith.evaluate import timing
+    from draftsmith import clock
 
     picked = []
     for seed in (1, 2, 3):
-        monkeypatch.setattr(timing, "time_step", _noisy_timer(costs, seed))
+        monkeypatch.setattr(clock, "time_step", _noisy_timer(costs, seed))
         for old in (run_dir / "eval" / "results").glob("costs-*.json"):
             old.unlink()  # time again; everything else comes from the cache
         run_evaluate(_cfg(run_dir))
@@ -832,15 +832,16 @@ def test_the_same_run_twice_recommends_the_modelled_k_under_noisy_timings(
 
 
 def test_interleaved_timing_rotates_the_order_and_pairs_each_repeat(monkeypatch):
+    from draftsmith import clock
     from draftsmith.evaluate import timing
 
-    order, clock = [], iter([1.0, 0.2, 1.1, 2.0, 0.4, 2.2, 1.0, 0.2, 1.1])
+    order, ticks = [], iter([1.0, 0.2, 1.1, 2.0, 0.4, 2.2, 1.0, 0.2, 1.1])
     steps = {
         name: (lambda n=name: order.append(n), lambda: None)
         for name in ("target_1tok", "draft_1tok", "verify_2tok")
     }
-    monkeypatch.setattr(timing, "time_step", lambda name, run, sync: (run(), next(clock))[1])
-    times = timing.interleaved(steps, repeats=3, warmup=0)
+    monkeypatch.setattr(clock, "time_step", lambda name, run, sync: (run(), next(ticks))[1])
+    times = clock.interleaved(steps, repeats=3, warmup=0)
     assert order == [
         "target_1tok", "draft_1tok", "verify_2tok",
         "draft_1tok", "verify_2tok", "target_1tok",
@@ -1076,7 +1077,7 @@ def test_target_only_baseline_decodes_with_the_timed_kernel_choice(run_dir, monk
     """The baseline every speedup divides by gets the same per-width kernel choice as the
     speculative decoder, width 1 (its decode step) included: a baseline left on a kernel
     the timing found slower would inflate every measured speedup."""
-    from draftsmith.evaluate import native, timing
+    from draftsmith.evaluate import native
 
     widths = []
 
@@ -1091,7 +1092,7 @@ def test_target_only_baseline_decodes_with_the_timed_kernel_choice(run_dir, monk
         made.append((proposer is None, kw["linear_forms"]))
         return real(target, proposer, **kw)
 
-    monkeypatch.setattr(timing, "choose_linear_forms", fake_choose)
+    monkeypatch.setattr(native, "choose_linear_forms", fake_choose)
     monkeypatch.setattr(native, "SpeculativeDecoder", spy)
     run_evaluate(_cfg(run_dir))
     assert 1 in widths  # the decode step's width is timed too

@@ -171,7 +171,7 @@ def test_choose_linear_forms_picks_the_fastest_form_per_width(monkeypatch, spy, 
     width 1, W @ x^T at width 2 and F.linear at width 3 (nothing chosen there), the choice is
     exactly that; a form only a hair (< margin) faster than F.linear is not taken; every form
     really runs through the switch."""
-    from draftsmith.evaluate import timing
+    from draftsmith import clock
 
     target = tiny_pair(1)[0].to(torch.bfloat16)  # bf16: the packed form is timed too
     fastest = {"1": "packed", "2": "W@x^T", "3": "F.linear", "4": "packed"}
@@ -185,8 +185,8 @@ def test_choose_linear_forms_picks_the_fastest_form_per_width(monkeypatch, spy, 
             return {"F.linear": 1.0, "W@x^T": 1.5, "packed": 0.98}[form]
         return 1.0 if form == fastest[width] else 2.0
 
-    monkeypatch.setattr(timing, "time_step", fake_time)
-    out = timing.choose_linear_forms(target, [5, 6, 7, 8], [1, 2, 3, 4], repeats=4)
+    monkeypatch.setattr(clock, "time_step", fake_time)
+    out = fl.choose_linear_forms(target, [5, 6, 7, 8], [1, 2, 3, 4], repeats=4)
     assert out["forms"] == {"1": "packed", "2": "W@x^T"}
     assert out["ms"]["2"] == {"F.linear": 2000.0, "W@x^T": 1000.0, "packed": 2000.0}
     forms = ("F.linear", "W@x^T", "packed")
@@ -200,26 +200,26 @@ def test_choose_linear_forms_picks_the_fastest_form_per_width(monkeypatch, spy, 
 
 @needs_packing
 def test_choose_linear_forms_frees_the_packed_copies_where_none_is_chosen(monkeypatch):
-    from draftsmith.evaluate import timing
+    from draftsmith import clock
 
     target = tiny_pair(1)[0].to(torch.bfloat16)
     monkeypatch.setattr(
-        timing, "time_step", lambda name, run, sync: (run(), 1.0 if "F.linear" in name else 2.0)[1]
+        clock, "time_step", lambda name, run, sync: (run(), 1.0 if "F.linear" in name else 2.0)[1]
     )
-    out = timing.choose_linear_forms(target, [5, 6, 7, 8], [1, 2], repeats=2)
+    out = fl.choose_linear_forms(target, [5, 6, 7, 8], [1, 2], repeats=2)
     assert out["forms"] == {}
     assert not any(m in fl._PACKED for m in target.modules())
 
 
 def test_an_fp32_model_is_never_timed_packed(monkeypatch):
-    from draftsmith.evaluate import timing
+    from draftsmith import clock
 
     target, _ = tiny_pair(1)
     seen = []
     monkeypatch.setattr(
-        timing, "time_step", lambda name, run, sync: (seen.append(name), run(), 1.0)[-1]
+        clock, "time_step", lambda name, run, sync: (seen.append(name), run(), 1.0)[-1]
     )
-    timing.choose_linear_forms(target, [5, 6, 7, 8], [1, 2], repeats=2)
+    fl.choose_linear_forms(target, [5, 6, 7, 8], [1, 2], repeats=2)
     assert seen and not any(name.startswith("packed") for name in seen)
 
 
@@ -268,7 +268,7 @@ def test_packed_form_falls_back_to_f_linear_where_it_cannot_run(packed_spy):
 def test_a_cpu_that_cannot_pack_never_times_or_takes_the_packed_form(monkeypatch, packed_spy):
     """Where oneDNN refuses the bf16 reorder (an AVX2-only CPU), the probe says so, a bf16
     model is not timed packed, and a forward asked for the packed form runs F.linear."""
-    from draftsmith.evaluate import timing
+    from draftsmith import clock
 
     def refuse(*args):
         raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support ...")
@@ -280,9 +280,9 @@ def test_a_cpu_that_cannot_pack_never_times_or_takes_the_packed_form(monkeypatch
         target = tiny_pair(1)[0].to(torch.bfloat16)
         seen = []
         monkeypatch.setattr(
-            timing, "time_step", lambda name, run, sync: (seen.append(name), run(), 1.0)[-1]
+            clock, "time_step", lambda name, run, sync: (seen.append(name), run(), 1.0)[-1]
         )
-        timing.choose_linear_forms(target, [5, 6, 7, 8], [1, 2], repeats=2)
+        fl.choose_linear_forms(target, [5, 6, 7, 8], [1, 2], repeats=2)
         assert seen and not any(name.startswith("packed") for name in seen)
         lin = torch.nn.Linear(8, 4, dtype=torch.bfloat16)
         x = torch.randn(2, 8, dtype=torch.bfloat16)

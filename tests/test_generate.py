@@ -133,8 +133,8 @@ def test_topk_logprobs_are_the_teacher_distribution_for_each_completion_token(mo
 def test_decode_forms_are_chosen_at_timed_widths_and_cover_every_batch_width(model, monkeypatch):
     """auto times the forms at 1, 2, 4, ... batch_size and each width 1..batch_size takes the
     choice of the widest timed width at or below it; false times nothing; true is W @ x^T."""
+    from draftsmith import fast_linear
     from draftsmith.data import hf_backend
-    from draftsmith.evaluate import timing
 
     asked = []
 
@@ -142,7 +142,7 @@ def test_decode_forms_are_chosen_at_timed_widths_and_cover_every_batch_width(mod
         asked.append(list(widths))
         return {"forms": {"4": "W@x^T", "12": "packed"}, "ms": {}, "repeats": repeats}
 
-    monkeypatch.setattr(timing, "choose_linear_forms", fake_choice)
+    monkeypatch.setattr(fast_linear, "choose_linear_forms", fake_choice)
     forms = hf_backend.decode_linear_forms(model, DataConfig(batch_size=12), vocab=300)
     assert asked == [[1, 2, 4, 8, 12]]
     assert forms == {4: "W@x^T", 5: "W@x^T", 6: "W@x^T", 7: "W@x^T", 12: "packed"}
@@ -157,8 +157,8 @@ def test_the_decode_forms_timed_once_are_kept_for_a_resumed_generate(model, monk
     """The choice is written beside the shards with what it was timed for; a rerun on the same
     machine takes it without timing (a fresh timing could pick otherwise and round the
     resumed shards differently), and a changed batch width or machine times again."""
+    from draftsmith import fast_linear, models
     from draftsmith.data import hf_backend
-    from draftsmith.evaluate import board, timing
 
     picks = iter([{"2": "W@x^T"}, {"1": "W@x^T"}, {"4": "W@x^T"}])
     asked = []
@@ -167,7 +167,7 @@ def test_the_decode_forms_timed_once_are_kept_for_a_resumed_generate(model, monk
         asked.append(list(widths))
         return {"forms": next(picks), "ms": {}, "repeats": repeats}
 
-    monkeypatch.setattr(timing, "choose_linear_forms", fake_choice)
+    monkeypatch.setattr(fast_linear, "choose_linear_forms", fake_choice)
     record = tmp_path / "linear_forms.json"
 
     def forms(batch_size=4):
@@ -178,7 +178,7 @@ def test_the_decode_forms_timed_once_are_kept_for_a_resumed_generate(model, monk
     assert json.loads(record.read_text())["forms"] == {"2": "W@x^T"}
     assert forms() == {2: "W@x^T", 3: "W@x^T"} and len(asked) == 1  # kept, not timed again
     assert forms(batch_size=2) == {1: "W@x^T"} and asked[-1] == [1, 2]  # timed again
-    monkeypatch.setattr(board, "hardware", lambda: "cpu: another one, 2 threads")
+    monkeypatch.setattr(models, "hardware", lambda: "cpu: another one, 2 threads")
     assert forms(batch_size=2) == {} and len(asked) == 3  # timed again: {"4": ...} is past 2
 
 

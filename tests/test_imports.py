@@ -156,3 +156,39 @@ def test_every_module_imports_in_a_fresh_interpreter():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert ast.literal_eval(proc.stdout.strip().splitlines()[-1]) == names
+
+
+STAGE_ORDER = ("draftsmith.data", "draftsmith.distill", "draftsmith.evaluate")
+
+
+def later_stage_imports(graph: dict[str, set[str]]) -> list[str]:
+    """'a -> b' for every module of a stage that imports a module of a later stage (data
+    flows one way; what two stages share lives in draftsmith/)."""
+
+    def stage(module: str) -> int | None:
+        hits = [i for i, s in enumerate(STAGE_ORDER) if module == s or module.startswith(s + ".")]
+        return hits[0] if hits else None
+
+    out = []
+    for module, edges in sorted(graph.items()):
+        here = stage(module)
+        for target in sorted(edges):
+            there = stage(target)
+            if here is not None and there is not None and there > here:
+                out.append(f"{module} -> {target}")
+    return out
+
+
+def test_later_stage_imports_are_found_on_a_hand_made_graph():
+    graph = {
+        "draftsmith.data.generate": {"draftsmith.evaluate.timing", "draftsmith.clock"},
+        "draftsmith.evaluate.stage": {"draftsmith.data.prepare"},
+        "draftsmith.distill.train": {"draftsmith.distill.losses"},
+    }
+    assert later_stage_imports(graph) == ["draftsmith.data.generate -> draftsmith.evaluate.timing"]
+
+
+def test_no_stage_imports_a_later_stage():
+    """generate once imported evaluate's timing, cache and hardware helpers; they live in
+    draftsmith/ (clock, fast_linear, io, models) now."""
+    assert later_stage_imports(import_graph()) == []

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 
 import torch
 
+from draftsmith.clock import Step
 from draftsmith.evaluate.engine import (
     DecodeResult,
     DraftContext,
@@ -48,7 +49,6 @@ from draftsmith.evaluate.teacher_forced import (
     counts_result,
     relative_margin,
 )
-from draftsmith.evaluate.timing import Step
 from draftsmith.fast_linear import cpu_few_row_linear
 from draftsmith.kinds.eagle3.head import Eagle3Head
 from draftsmith.kinds.eagle3.vocab import draft_logits_to_target
