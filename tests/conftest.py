@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    """The whole pipeline on configs/tiny.yaml, once per session, as a user runs it (the CLI
+    in a subprocess). Tests read it; a test that damages or reruns a run works on a copy
+    (tests/test_reliability.py run_copy), except test_pipeline's rerun, which must leave it
+    as it was."""
+    out = tmp_path_factory.mktemp("tiny-run") / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "draftsmith.cli", "run", str(TINY_CONFIG), f"run.output_dir={out}"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -189,18 +189,28 @@ def test_ablation_twin_and_wandb_offline_history(tmp_path, target_dir, data_dir)
             assert "WANDB_API_KEY" not in f.read_text(errors="ignore")
 
 
-def _cli(out: Path, cfg, env_extra: dict | None = None, launcher: list[str] | None = None):
+def _start_cli(out: Path, cfg, env_extra: dict | None = None, launcher: list[str] | None = None):
+    """`draftsmith distill` on `cfg` in a subprocess of one thread, started, not awaited (a
+    reference run goes on beside the killed ones: two cores, two processes)."""
     cfg_path = out / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(config_to_dict(cfg)))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true", **(env_extra or {})}
     cmd = (launcher or [sys.executable]) + ["-m", "draftsmith.cli", "distill", str(cfg_path)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finished(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+    stdout, stderr = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def _cli(out: Path, cfg, env_extra: dict | None = None, launcher: list[str] | None = None):
+    return _finished(_start_cli(out, cfg, env_extra, launcher))
 
 
 def test_sigkill_during_save_and_training_resumes_to_same_result(tmp_path, target_dir, data_dir):
     ref_out = run_dir_with_data(tmp_path / "ref", data_dir)
-    ref = _cli(ref_out, make_cfg(ref_out, target_dir, max_steps=6, save_every=2))
-    assert ref.returncode == 0, ref.stderr[-2000:]
+    ref_run = _start_cli(ref_out, make_cfg(ref_out, target_dir, max_steps=6, save_every=2))
 
     out = run_dir_with_data(tmp_path / "killed", data_dir)
     cfg = make_cfg(out, target_dir, max_steps=6, save_every=2)
@@ -216,6 +226,8 @@ def test_sigkill_during_save_and_training_resumes_to_same_result(tmp_path, targe
     assert third.returncode == 0, third.stderr[-2000:]
     assert "resuming from" in third.stdout
     assert not any(".tmp-" in p.name for p in ck.iterdir())
+    ref = _finished(ref_run)
+    assert ref.returncode == 0, ref.stderr[-2000:]
 
     a = load_file(ref_out / "checkpoints/checkpoint-6/model.safetensors")
     b = load_file(ck / "checkpoint-6/model.safetensors")
@@ -233,8 +245,7 @@ def test_sigkill_mid_on_policy_training_resumes_to_same_result(tmp_path, target_
     the ones the uninterrupted run drew (seeded by run seed and step), so the weights match."""
     kw = dict(max_steps=4, save_every=2, on_policy_fraction=1.0)
     ref_out = run_dir_with_data(tmp_path / "ref", data_dir)
-    ref = _cli(ref_out, make_cfg(ref_out, target_dir, **kw))
-    assert ref.returncode == 0, ref.stderr[-2000:]
+    ref_run = _start_cli(ref_out, make_cfg(ref_out, target_dir, **kw))
     out = run_dir_with_data(tmp_path / "killed", data_dir)
     cfg = make_cfg(out, target_dir, **kw)
     killed = _cli(out, cfg, {"DRAFTSMITH_TEST_KILL": "step:3"})  # after checkpoint-2
@@ -243,6 +254,8 @@ def test_sigkill_mid_on_policy_training_resumes_to_same_result(tmp_path, target_
     resumed = _cli(out, cfg)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming from" in resumed.stdout
+    ref = _finished(ref_run)
+    assert ref.returncode == 0, ref.stderr[-2000:]
     a = load_file(ref_out / "checkpoints/checkpoint-4/model.safetensors")
     b = load_file(out / "checkpoints/checkpoint-4/model.safetensors")
     for key in a:

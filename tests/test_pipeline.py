@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,8 @@ from draftsmith.export import run_export
 from draftsmith.io import TMP_MARK
 
 REPO = Path(__file__).resolve().parents[1]
+# for runs whose W&B log no test reads: wandb.init costs seconds per stage
+QUIET = "tracking.wandb.mode=disabled"
 
 
 def draftsmith(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -28,14 +32,6 @@ def draftsmith(*args: str, env: dict | None = None) -> subprocess.CompletedProce
         cwd=REPO,
         env={**os.environ, **(env or {})},
     )
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pipeline") / "run"
-    proc = draftsmith("run", "configs/tiny.yaml", f"run.output_dir={out}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
 
 
 def test_run_writes_every_artifact(tiny_run):
@@ -175,13 +171,24 @@ def _measured(board: dict) -> dict:
     "crash", ["step:4", "evaluate:checkpoint-3:heldout:tf", "evaluate:checkpoint-6:heldout:k3"]
 )
 def test_run_killed_mid_stage_and_rerun_gives_the_same_results(tiny_run, tmp_path, crash):
+    """A kill in distill reruns the whole pipeline from nothing; a kill in evaluate starts
+    from a copy of the session's run without its eval/ and export/ (generate and distill
+    resumed or redone are the first case's to check)."""
     out = tmp_path / "run"
+    if crash.startswith("evaluate:"):
+        shutil.copytree(
+            tiny_run, out, symlinks=True, ignore=shutil.ignore_patterns("eval", "export")
+        )
     killed = draftsmith(
-        "run", "configs/tiny.yaml", f"run.output_dir={out}", env={"DRAFTSMITH_TEST_KILL": crash}
+        "run",
+        "configs/tiny.yaml",
+        f"run.output_dir={out}",
+        QUIET,
+        env={"DRAFTSMITH_TEST_KILL": crash},
     )
     assert killed.returncode == -9, killed.stderr[-2000:]  # SIGKILL, mid-stage
     assert not (out / "export").exists()
-    again = draftsmith("run", "configs/tiny.yaml", f"run.output_dir={out}")
+    again = draftsmith("run", "configs/tiny.yaml", f"run.output_dir={out}", QUIET)
     assert again.returncode == 0, again.stderr[-3000:]
     board = json.loads((out / "eval" / "leaderboard.json").read_text())
     ref = json.loads((tiny_run / "eval" / "leaderboard.json").read_text())
@@ -255,3 +262,29 @@ print(freed, rss_mb(), float(keep.sum()))
     freed, trimmed, kept = map(float, proc.stdout.split())
     assert freed - trimmed > 0.8 * 8000 * 64 / 1024, (freed, trimmed)  # ~500 MB back
     assert kept == 16
+
+
+def test_the_evaluate_stage_logs_each_checkpoints_acceptance_to_wandb(tiny_run):
+    """tiny.yaml tracks offline: evaluate's W&B history holds, per distill step, the primary
+    set's acceptance and alpha of that checkpoint's ranking row, as the leaderboard has them."""
+    from test_distill_helpers import read_wandb_history
+
+    from draftsmith.evaluate.records import rows_from_dicts
+    from draftsmith.evaluate.report import ranking_rows
+
+    path = tiny_run / "eval" / "leaderboard.json"
+    board = json.loads(path.read_text())
+    rows = ranking_rows(rows_from_dicts(board["rows"], path), board["primary_eval_set"])
+    want = {(r.step, r.acceptance_rate, r.alpha) for r in rows}
+    assert len(want) == 3  # checkpoints 0, 3, 6
+    # wandb's service may write the offline log a moment after run.finish() returns
+    deadline, got = time.time() + 60, set()
+    while got != want and time.time() < deadline:
+        history = read_wandb_history(tiny_run / "wandb")
+        got = {
+            (h["eval/step"], h["eval/acceptance_rate"], h["eval/alpha"])
+            for h in history
+            if "eval/step" in h
+        }
+        time.sleep(0 if got == want else 0.5)
+    assert got == want

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_pipeline import draftsmith
+from test_pipeline import QUIET, draftsmith
 
 from draftsmith.config import load_config
 
@@ -19,7 +19,7 @@ KINDS = "draft.kind=[independent,eagle3]"
 @pytest.fixture(scope="module")
 def both_run(tmp_path_factory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("kinds") / "run"
-    proc = draftsmith("run", "configs/tiny.yaml", f"run.output_dir={out}", KINDS)
+    proc = draftsmith("run", "configs/tiny.yaml", f"run.output_dir={out}", KINDS, QUIET)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc.stdout
 
@@ -257,6 +257,7 @@ def test_both_kinds_decode_with_int4_weights_and_stay_lossless(both_run, tmp_pat
         "configs/tiny.yaml",
         f"run.output_dir={out}",
         KINDS,
+        QUIET,
         "evaluate.draft_weights=int4",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -61,19 +61,6 @@ def dead_pid() -> int:
     return proc.pid
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("reliability") / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "draftsmith.cli", "run", TINY, f"run.output_dir={out}", QUIET],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
-
-
 @pytest.fixture
 def run_copy(tiny_run, tmp_path) -> Path:
     """`cp -a` of the finished run, free to damage."""
