@@ -242,9 +242,9 @@ def choose_linear_forms(
     """Which form of the linear layers a forward over w tokens should take on this machine,
     for each width w (a verify pass is k + 1 wide, a decode step 1), by timing them.
 
-    The same cached forward runs through each form (draftsmith/fast_linear.py): F.linear,
-    W @ x^T (one row padded to two at w = 1) and, where the model's weights can be packed
-    (bf16 on CPU), F.linear's oneDNN kernel on weights packed once; interleaved and repeated
+    The same cached forward runs through each form of this module: F.linear, W @ x^T (one
+    row padded to two at w = 1) and, where the model's weights can be packed (bf16 on CPU),
+    F.linear's oneDNN kernel on weights packed once; interleaved and repeated
     like the cost timing. Another form is chosen over F.linear only where its median is
     lower by more than `margin`, the fastest of them where several are. Which one wins
     depends on the CPU, the BLAS and the dtype: measured, not assumed. Where no width takes

@@ -228,7 +228,7 @@ def checked_read_jsonl(path: str | Path, fix: str) -> list[Any]:
     return records
 
 
-# ----------------------------------------------------------------------------- settings-keyed caches
+# ------------------------------------------------------------------------ settings-keyed caches
 
 
 def load_cached(path: Path, settings: dict) -> dict | None:

@@ -6,9 +6,10 @@ both import this.
 
 The recommended k rests on what holds still between runs (issue 15: identical runs on this
 shared machine timed k=1 at 0.16x to 1.44x): per-k acceptance, which is deterministic, and
-draft/verify costs measured as medians of interleaved repeats (evaluate/timing.py, draftsmith/clock.py), through
-the cost-aware model metrics.modelled_speedup(alpha, k, c, v). The wall-clock speedup is
-reported beside it with its spread, never used to choose while a model figure exists.
+draft/verify costs measured as medians of interleaved repeats (evaluate/timing.py on
+draftsmith/clock.py), through the cost-aware model metrics.modelled_speedup(alpha, k, c, v).
+The wall-clock speedup is reported beside it with its spread, never used to choose while a
+model figure exists.
 """
 
 from __future__ import annotations
